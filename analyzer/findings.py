@@ -1,0 +1,82 @@
+"""Findings: what the detectors report, and how they are ranked."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
+"""Severity order, lowest first (DESIGN.md)."""
+
+FINDING_IDS: tuple[str, ...] = (
+    "memory_leak", "gradient_explosion", "vanishing_gradient", "nonfinite", "loss_spike",
+    "loss_divergence", "loss_plateau", "dataloader_bottleneck", "step_time_outlier",
+    "straggler", "dead_activation", "update_ratio", "cuda_fragmentation", "gpu_idle",
+    "host_sync", "top_ops", "dropped_data", "training_crashed",
+)
+
+
+def severity_rank(severity: str) -> int:
+    """Position of ``severity`` in :data:`SEVERITIES`; ValueError for an unknown one."""
+    try:
+        return SEVERITIES.index(severity)
+    except ValueError:
+        raise ValueError(
+            f"unknown severity {severity!r}; expected one of {', '.join(SEVERITIES)}"
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Finding:
+    """One thing a detector found. Serialises to the DESIGN.md summary JSON."""
+
+    id: str
+    """One of :data:`FINDING_IDS`."""
+    severity: str
+    """info, warning, error or critical."""
+    title: str
+    """Short headline, e.g. 'Memory grows 1.0 MiB per step'."""
+    message: str
+    """What was seen, in a sentence or two, with the numbers that matter."""
+    first_step: int | None = None
+    """First step where the problem shows; None when it has no step (e.g. a whole-run ratio)."""
+    subject: str | None = None
+    """What it is about: a parameter, module path, memory counter, op or rank."""
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Numbers a user needs to act on it (JSON-serialisable)."""
+    advice: str = ""
+    """What to try."""
+    chart: str | None = None
+    """Anchor of the report chart that shows it (e.g. 'memory', 'grad-heatmap')."""
+
+    def __post_init__(self) -> None:
+        if self.id not in FINDING_IDS:
+            raise ValueError(f"unknown finding id {self.id!r}")
+        severity_rank(self.severity)
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary-JSON object of this finding."""
+        return {
+            "id": self.id,
+            "severity": self.severity,
+            "title": self.title,
+            "message": self.message,
+            "first_step": self.first_step,
+            "subject": self.subject,
+            "evidence": self.evidence,
+            "advice": self.advice,
+            "chart": self.chart,
+        }
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Most severe first; within a severity, earliest first_step first (None last)."""
+    return sorted(
+        findings,
+        key=lambda f: (
+            -severity_rank(f.severity),
+            f.first_step is None,
+            f.first_step if f.first_step is not None else 0,
+            f.id,
+        ),
+    )

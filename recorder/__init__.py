@@ -1,0 +1,1 @@
+"""tracealyze.recorder: low-overhead training telemetry written to Parquet."""
