@@ -1,0 +1,192 @@
+"""GPU time breakdown over the ``trace_events`` view (DESIGN.md 'GPU time breakdown').
+
+Definitions follow Holistic Trace Analysis 0.5 (``get_temporal_breakdown`` and
+``get_gpu_kernel_breakdown`` with ``include_last_profiler_step=True``):
+
+* activity: events of cat ``kernel``, ``gpu_memcpy``, ``gpu_memset``;
+* with two or more ``ProfilerStep#N`` spans in a trace, only activity whose launching
+  ``cuda_runtime``/``cuda_driver`` event (same ``correlation``) starts no later than the end
+  of the last ProfilerStep is kept (as in HTA, activity whose launch is not in the trace is
+  left out too: it belongs to an iteration that was not profiled);
+* ``total`` = last end − first start; ``idle`` = total − union of busy intervals over all
+  streams; ``compute`` = union of compute-kernel intervals; ``non_compute`` = the rest.
+
+Each trace is measured on its own and a rank's figures are the sums over its traces, so the
+gap between two profiling windows of one run never counts as idle time.
+
+Everything is one DuckDB query per call: interval unions are computed with window functions
+(running max of interval ends, a new group where a start passes it), not Python loops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+# Kernel classes (HTA 0.5 utils: NCCL_KERNEL_RE, MEMORY_KERNEL_RE, NCCL_COMPUTE_KERNEL_RE).
+# Python's re.match anchors at the start; RE2's regexp_matches searches, hence the explicit
+# '^' and the dropped leading '.*'.
+COMM_RE = r"^nccl.*Kernel"
+MEMORY_RE = r"^(Memcpy|Memset|dma)"
+NON_COMPUTE_RE = r"^nccl.*Kernel|Memcpy|^Memset|Sync"
+
+KERNEL_TYPES: tuple[str, ...] = ("communication", "memory", "computation", "other")
+
+_ACTIVITY_SQL = f"""
+WITH te AS (
+    SELECT rank, trace_id, cat, name, ts_us, dur_us, correlation FROM trace_events
+),
+steps AS (  -- per trace: how many ProfilerStep spans, and where the last one ends
+    SELECT rank, trace_id, count(DISTINCT name) AS n_steps, max(ts_us + dur_us) AS last_end
+    FROM te
+    WHERE name LIKE 'ProfilerStep#%' AND cat NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset',
+                                                     'gpu_user_annotation', 'cuda_sync')
+    GROUP BY ALL
+),
+launch AS (
+    SELECT rank, trace_id, correlation, min(ts_us) AS launch_ts
+    FROM te
+    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+    GROUP BY ALL
+),
+t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM te GROUP BY ALL),
+act AS (
+    -- Times relative to the trace start: ns traces carry epoch microseconds with fractions,
+    -- and at 1.7e15 us a float64 resolves only 0.25 us, so adding dur to the absolute ts
+    -- would round every interval end (HTA subtracts the trace start first, too).
+    SELECT a.rank, a.trace_id, a.name, a.ts_us - z.t0 AS s, (a.ts_us - z.t0) + a.dur_us AS e,
+        CASE
+            WHEN regexp_matches(a.name, '{COMM_RE}') THEN 'communication'
+            WHEN regexp_matches(a.name, '{MEMORY_RE}') THEN 'memory'
+            WHEN NOT regexp_matches(a.name, '{NON_COMPUTE_RE}') THEN 'computation'
+            ELSE 'other'
+        END AS ktype
+    FROM te a
+    JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
+    LEFT JOIN steps st ON st.rank = a.rank AND st.trace_id = a.trace_id
+    LEFT JOIN launch l
+        ON l.rank = a.rank AND l.trace_id = a.trace_id AND l.correlation = a.correlation
+    WHERE a.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND a.dur_us IS NOT NULL
+      AND (coalesce(st.n_steps, 0) < 2 OR l.launch_ts <= st.last_end)
+)
+"""
+
+# Union length of intervals per (rank, trace_id, grp): sort by start; an interval opens a new
+# merged block when it starts after every earlier interval has ended.
+_UNION_SQL = """
+, keyed AS ({keyed}),
+o AS (
+    SELECT *, max(e) OVER (PARTITION BY rank, trace_id, k ORDER BY s, e
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM keyed
+),
+g AS (
+    SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
+              OVER (PARTITION BY rank, trace_id, k ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS blk
+    FROM o
+),
+blocks AS (
+    SELECT rank, trace_id, k, blk, min(s) AS s, max(e) AS e FROM g GROUP BY ALL
+),
+unions AS (
+    SELECT rank, trace_id, k, sum(e - s) AS union_us, min(s) AS first_s, max(e) AS last_e
+    FROM blocks GROUP BY ALL
+)
+"""
+
+
+def _has_trace_events(con: duckdb.DuckDBPyConnection) -> bool:
+    try:
+        con.execute("SELECT 1 FROM trace_events LIMIT 0")
+    except duckdb.Error:
+        return False
+    return True
+
+
+def gpu_time_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Per rank ``{"rank", "total_us", "idle_us", "compute_us", "non_compute_us"}``.
+
+    Over the ``trace_events`` view of ``con``; sorted by rank; empty when there is no GPU
+    activity (or no such view).
+    """
+    if not _has_trace_events(con):
+        return []
+    keyed = (
+        "SELECT rank, trace_id, 'busy' AS k, s, e FROM act "
+        "UNION ALL SELECT rank, trace_id, 'compute' AS k, s, e FROM act "
+        "WHERE ktype = 'computation'"
+    )
+    sql = (
+        _ACTIVITY_SQL
+        + _UNION_SQL.format(keyed=keyed)
+        + """
+, per_trace AS (
+    SELECT b.rank, b.trace_id,
+        b.last_e - b.first_s AS total_us,
+        (b.last_e - b.first_s) - b.union_us AS idle_us,
+        coalesce(c.union_us, 0) AS compute_us
+    FROM unions b
+    LEFT JOIN unions c ON c.rank = b.rank AND c.trace_id = b.trace_id AND c.k = 'compute'
+    WHERE b.k = 'busy'
+)
+SELECT rank, sum(total_us), sum(idle_us), sum(compute_us)
+FROM per_trace GROUP BY rank ORDER BY rank
+"""
+    )
+    out = []
+    for rank, total, idle, compute in con.execute(sql).fetchall():
+        total, idle, compute = float(total), float(idle), float(compute)
+        out.append(
+            {
+                "rank": int(rank),
+                "total_us": round(total, 3),
+                "idle_us": round(idle, 3),
+                "compute_us": round(compute, 3),
+                # clamp: float round-off of the three sums must not make it -0.001
+                "non_compute_us": round(max(total - compute - idle, 0.0), 3),
+            }
+        )
+    return out
+
+
+def kernel_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Per rank × kernel type ``{"rank", "type", "total_us", "pct", "count"}``.
+
+    ``total_us`` is the time during which at least one kernel of that type runs (union of its
+    intervals over all streams, so overlapping kernels are not counted twice); ``pct`` is it
+    as a percentage of the rank's GPU busy time. Types overlap in time (e.g. NCCL kernels
+    under computation), so the percentages of a rank can add up to more than 100. The
+    exclusive and overlap shares HTA plots follow from these by inclusion–exclusion.
+    Types with no activity are left out; sorted by rank, then total_us descending.
+    """
+    if not _has_trace_events(con):
+        return []
+    keyed = (
+        "SELECT rank, trace_id, 'busy' AS k, s, e FROM act "
+        "UNION ALL SELECT rank, trace_id, ktype AS k, s, e FROM act"
+    )
+    sql = (
+        _ACTIVITY_SQL
+        + _UNION_SQL.format(keyed=keyed)
+        + """
+, counts AS (SELECT rank, ktype AS k, count(*) AS n FROM act GROUP BY ALL),
+per_rank AS (SELECT rank, k, sum(union_us) AS us FROM unions GROUP BY ALL)
+SELECT t.rank, t.k, t.us, 100.0 * t.us / nullif(b.us, 0), c.n
+FROM per_rank t
+JOIN per_rank b ON b.rank = t.rank AND b.k = 'busy'
+JOIN counts c ON c.rank = t.rank AND c.k = t.k
+WHERE t.k <> 'busy'
+ORDER BY t.rank, t.us DESC
+"""
+    )
+    return [
+        {
+            "rank": int(rank),
+            "type": k,
+            "total_us": round(float(us), 3),
+            "pct": round(float(pct or 0.0), 2),
+            "count": int(n),
+        }
+        for rank, k, us, pct, n in con.execute(sql).fetchall()
+    ]
