@@ -1,0 +1,425 @@
+"""Open a run directory read-only: one DuckDB view per table over all ranks and parts.
+
+The views are built from explicit file lists rather than globs so that we decide, per file,
+what is data (docs/FORMAT.md): only ``part-*.parquet``; a single part covered by a merged
+``part-<a>-<b>`` is skipped (a kill between the merge's rename and its deletes leaves both);
+a file whose Parquet footer cannot be read (torn write, foreign file) is skipped and named in
+``Run.skipped_parts`` so the ``dropped_data`` detector can report it. Nothing is ever written
+into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import QueryError, RunDirError, SchemaVersionError
+from .schema import DUCKDB_TYPES, SCHEMA_VERSION, TABLE_NAMES, TABLES
+
+_SINGLE = re.compile(r"^part-(\d+)\.parquet$")
+_MERGED = re.compile(r"^part-(\d+)-(\d+)\.parquet$")
+_RANK_DIR = re.compile(r"^rank=(\d+)$")
+_RANK_FILE = re.compile(r"^rank=(\d+)\.json$")
+
+STALE_FLUSHES: float = 6.0
+"""A running run is presumed killed after this many missed flush intervals ..."""
+STALE_MIN_S: float = 300.0
+"""... and never sooner than this (clock skew, long first steps)."""
+
+# Statements a user's `query` may run: reads only (a COPY ... TO could write into the run).
+_READ_STATEMENTS = {"SELECT", "EXPLAIN"}
+
+
+def _arrow_to_logical(t: Any) -> str | None:
+    """Logical type name (schema.py) of an Arrow type; dictionary<string> counts as string."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    for name, pred in (("int32", pa.types.is_int32), ("int64", pa.types.is_int64),
+                       ("float32", pa.types.is_float32), ("float64", pa.types.is_float64),
+                       ("bool", pa.types.is_boolean)):
+        if pred(t):
+            return name
+    return None
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunDirError(f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} does not hold a JSON object")
+    return data
+
+
+class Run:
+    """An opened run directory. Use :func:`open_run`; close with ``.close()`` or ``with``."""
+
+    def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
+        self.run_dir: Path = run_dir
+        self.meta: dict[str, Any] = meta
+        self.rank_meta: dict[int, dict[str, Any]] = {}
+        self.skipped_parts: list[tuple[Path, str]] = []
+        self.files: dict[str, list[Path]] = {t: [] for t in TABLE_NAMES}
+        self.raw_traces: list[tuple[int, Path]] = []
+        self.ranks: list[int] = []
+        self.con: Any = None  # duckdb.DuckDBPyConnection, set by open_run
+        self._now = time.time()
+
+    # ------------------------------------------------------------------ status
+
+    @property
+    def run_id(self) -> str:
+        return str(self.meta.get("run_id", ""))
+
+    @property
+    def status(self) -> str:
+        """completed | crashed | running (FORMAT.md: crashed if any rank crashed, else running
+        if any rank runs, else completed). A killed run stays ``running``: see :attr:`killed`."""
+        statuses = [str(m.get("status", "")) for m in self.rank_meta.values()]
+        if not statuses:
+            return str(self.meta.get("status", "running"))
+        if "crashed" in statuses:
+            return "crashed"
+        if "running" in statuses:
+            return "running"
+        return "completed"
+
+    @property
+    def stale_after_s(self) -> float:
+        """Heartbeat age beyond which a ``running`` rank is presumed killed."""
+        try:
+            interval = float(self.meta.get("flush_interval_s") or 10.0)
+        except (TypeError, ValueError):
+            interval = 10.0
+        return max(STALE_FLUSHES * interval, STALE_MIN_S)
+
+    def heartbeat(self, rank: int | None = None) -> float | None:
+        """Last heartbeat (epoch s) of ``rank`` (or the newest of all), None if unknown."""
+        sources = [self.rank_meta[rank]] if rank is not None and rank in self.rank_meta else (
+            list(self.rank_meta.values()) or [self.meta])
+        beats = [b for b in (_as_float(m.get("heartbeat")) for m in sources) if b is not None]
+        if not beats and rank is None:
+            beats = [b for b in [_as_float(self.meta.get("heartbeat"))] if b is not None]
+        return max(beats) if beats else None
+
+    def heartbeat_age_s(self, rank: int | None = None) -> float | None:
+        """Seconds since the last heartbeat (of ``rank`` or the newest), None if unknown."""
+        hb = self.heartbeat(rank)
+        return None if hb is None else max(0.0, self._now - hb)
+
+    def stale_ranks(self, max_age_s: float | None = None) -> list[int]:
+        """Ranks still marked running whose heartbeat is older than ``max_age_s``."""
+        limit = self.stale_after_s if max_age_s is None else max_age_s
+        out = []
+        if not self.rank_meta:
+            age = self.heartbeat_age_s()
+            if self.meta.get("status") == "running" and age is not None and age > limit:
+                return list(self.ranks[:1] or [0])
+            return []
+        for r, m in sorted(self.rank_meta.items()):
+            if m.get("status") != "running":
+                continue
+            age = self.heartbeat_age_s(r)
+            if age is not None and age > limit:
+                out.append(r)
+        return out
+
+    @property
+    def killed(self) -> bool:
+        """Status ``running`` but a running rank's heartbeat is stale: killed without a word."""
+        return self.status == "running" and bool(self.stale_ranks())
+
+    # ------------------------------------------------------------------ data
+
+    def tables(self) -> list[tuple[str, list[tuple[str, str]], int]]:
+        """``[(view name, [(column, duckdb type), ...], row count), ...]`` in DESIGN order."""
+        out = []
+        for name in TABLE_NAMES:
+            cols = [(r[0], r[1]) for r in self.con.execute(f"DESCRIBE {name}").fetchall()]
+            (count,) = self.con.execute(f"SELECT count(*) FROM {name}").fetchone()
+            out.append((name, cols, int(count)))
+        return out
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one read-only SQL statement; ``(column names, rows)``. QueryError on failure."""
+        import duckdb
+
+        try:
+            statements = self.con.extract_statements(sql)
+        except duckdb.Error as e:
+            raise QueryError(_one_line(e)) from e
+        if len(statements) != 1:
+            raise QueryError(f"expected one SQL statement, got {len(statements)}")
+        kind = str(statements[0].type).rsplit(".", 1)[-1]
+        if kind not in _READ_STATEMENTS:
+            raise QueryError(f"only read statements (SELECT, DESCRIBE, ...) are allowed, "
+                             f"not {kind}: the analyzer never writes")
+        try:
+            rel = self.con.execute(sql)
+            rows = rel.fetchall()
+            cols = [d[0] for d in rel.description] if rel.description else []
+        except duckdb.Error as e:
+            msg = _one_line(e)
+            if "does not exist" in msg and ("Table" in msg or "table" in msg):
+                msg += f" (tables: {', '.join(TABLE_NAMES)})"
+            raise QueryError(msg) from e
+        return cols, rows
+
+    def row_count(self, table: str) -> int:
+        (n,) = self.con.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return int(n)
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.run_dir)!r}, status={self.status!r}, ranks={self.ranks})"
+
+
+def _as_float(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _one_line(e: BaseException) -> str:
+    """DuckDB messages span lines (LINE 1: ... ^); keep the informative first line."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    return first.strip()
+
+
+# ---------------------------------------------------------------------- discovery
+
+
+def _parts_of(table_dir: Path) -> tuple[dict[int, list[Path]], list[tuple[Path, str]]]:
+    """Data files per rank under ``<table>/``, with merged parts superseding their singles."""
+    per_rank: dict[int, list[Path]] = {}
+    skipped: list[tuple[Path, str]] = []
+    if not table_dir.is_dir():
+        return per_rank, skipped
+    for rank_dir in sorted(table_dir.iterdir()):
+        m = _RANK_DIR.match(rank_dir.name)
+        if not m or not rank_dir.is_dir():
+            continue
+        singles: list[tuple[int, Path]] = []
+        merged: list[tuple[int, int, Path]] = []
+        for f in rank_dir.iterdir():
+            if (s := _SINGLE.match(f.name)) and f.is_file():
+                singles.append((int(s.group(1)), f))
+            elif (mm := _MERGED.match(f.name)) and f.is_file():
+                merged.append((int(mm.group(1)), int(mm.group(2)), f))
+            # anything else (*.tmp, dot-files) is an unfinished write: not data
+        # a merged range inside a larger merged range is superseded too
+        merged.sort(key=lambda x: (x[0], -x[1]))
+        kept_merged: list[tuple[int, int, Path]] = []
+        for a, b, f in merged:
+            if any(a2 <= a and b <= b2 for a2, b2, _ in kept_merged):
+                continue
+            kept_merged.append((a, b, f))
+        files = [f for _, _, f in kept_merged]
+        files += [f for n, f in sorted(singles)
+                  if not any(a <= n <= b for a, b, _ in kept_merged)]
+        per_rank[int(m.group(1))] = files
+    return per_rank, skipped
+
+
+def _validate(files: list[Path], skipped: list[tuple[Path, str]]) -> list[tuple[Path, Any]]:
+    """(path, arrow schema) of the parts whose footer reads; the others go to ``skipped``."""
+    import pyarrow.parquet as pq
+
+    good = []
+    for f in files:
+        try:
+            md = pq.read_metadata(f)
+            schema = md.schema.to_arrow_schema()
+        except Exception as e:  # any unreadable footer means: not usable data
+            skipped.append((f, f"unreadable Parquet footer ({type(e).__name__}: "
+                               f"{_one_line(e)[:160]})"))
+            continue
+        good.append((f, schema))
+    return good
+
+
+def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
+    """SELECT of ``table``'s columns (in schema order, typed) over ``parts``."""
+    spec = TABLES[table]
+    if not parts:
+        cols = ", ".join(f"CAST(NULL AS {DUCKDB_TYPES[t]}) AS {c}" for c, t in spec)
+        return f"SELECT {cols} WHERE false"
+    present: dict[str, set[str | None]] = {}
+    extra: list[str] = []
+    for _, schema in parts:
+        for field in schema:
+            present.setdefault(field.name, set()).add(_arrow_to_logical(field.type))
+            if field.name not in dict(spec) and field.name not in extra:
+                extra.append(field.name)
+    exprs = []
+    for c, t in spec:
+        if c not in present:
+            exprs.append(f"CAST(NULL AS {DUCKDB_TYPES[t]}) AS {c}")
+        elif present[c] == {t}:
+            exprs.append(f'"{c}"')  # already the right type: no cast, keeps filter pushdown
+        else:
+            exprs.append(f'CAST("{c}" AS {DUCKDB_TYPES[t]}) AS {c}')
+    exprs += [f'"{c}"' for c in extra]
+    file_list = ", ".join(_sql_str(str(p)) for p, _ in parts)
+    same = len({s.remove_metadata() for _, s in parts}) == 1
+    opts = "hive_partitioning=false" + ("" if same else ", union_by_name=true")
+    return f"SELECT {', '.join(exprs)} FROM read_parquet([{file_list}], {opts})"
+
+
+def _load_raw_traces(run: Run) -> Any:
+    """pyarrow.Table of trace events from raw traces under traces/ with no parquet rows.
+
+    Reading is done by ``tracealyze.analyzer.traces.read_trace`` (imported lazily). A trace
+    that cannot be read is named in ``skipped_parts`` and left out.
+    """
+    if not run.raw_traces:
+        return None
+    try:
+        from . import traces  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    read_trace = getattr(traces, "read_trace", None)
+    if read_trace is None:
+        return None
+    import pyarrow as pa
+
+    from .schema import arrow_schema
+
+    have = {r[0] for r in run.con.execute(
+        "SELECT DISTINCT trace_id FROM trace_events WHERE trace_id IS NOT NULL").fetchall()}
+    trace_id_of = getattr(traces, "trace_id_for", None)
+    target = arrow_schema("trace_events")
+    tables = []
+    for rank, path in run.raw_traces:
+        try:
+            if trace_id_of is not None and trace_id_of(path) in have:
+                continue
+            t = read_trace(path, rank=rank)
+        except Exception as e:  # a bad trace must not stop the analysis of everything else
+            run.skipped_parts.append((path, f"unreadable trace ({type(e).__name__}: "
+                                            f"{_one_line(e)[:160]})"))
+            continue
+        if t.num_rows and "trace_id" in t.column_names:
+            ids = set(t.column("trace_id").unique().to_pylist())
+            if ids & have:
+                continue
+        cols = []
+        for field in target:
+            if field.name in t.column_names:
+                cols.append(t.column(field.name).cast(field.type))
+            else:
+                cols.append(pa.nulls(t.num_rows, field.type))
+        tables.append(pa.Table.from_arrays(cols, schema=target))
+    return pa.concat_tables(tables) if tables else None
+
+
+def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
+    """Open ``path`` read-only and build the views. Raises RunDirError / SchemaVersionError.
+
+    ``allow_empty``: accept a run with no readable data part at all (by default it is an
+    error: there is nothing to analyse).
+    """
+    import duckdb
+
+    run_dir = Path(path)
+    if not run_dir.exists():
+        raise RunDirError(f"no such directory: {run_dir}")
+    if not run_dir.is_dir():
+        raise RunDirError(f"not a directory: {run_dir}")
+    meta_path = run_dir / "run.json"
+    if not meta_path.is_file():
+        raise RunDirError(f"not a run directory (no run.json): {run_dir}")
+    meta = _read_json(meta_path)
+    version = meta.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RunDirError(f"{meta_path} has no integer schema_version")
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"run format schema_version {version} is newer than this analyzer understands "
+            f"({SCHEMA_VERSION}); upgrade tracealyze")
+
+    run = Run(run_dir.resolve(), meta)
+    ranks_dir = run_dir / "ranks"
+    if ranks_dir.is_dir():
+        for f in sorted(ranks_dir.iterdir()):
+            if (m := _RANK_FILE.match(f.name)) is None:
+                continue
+            try:
+                run.rank_meta[int(m.group(1))] = _read_json(f)
+            except RunDirError as e:  # one torn rank file must not hide the run
+                run.skipped_parts.append((f, str(e)))
+
+    ranks: set[int] = set(run.rank_meta)
+    valid: dict[str, list[tuple[Path, Any]]] = {}
+    for table in TABLE_NAMES:
+        per_rank, skipped = _parts_of(run_dir / table)
+        ranks.update(per_rank)
+        files = [f for r in sorted(per_rank) for f in per_rank[r]]
+        valid[table] = _validate(files, skipped)
+        run.skipped_parts.extend(skipped)
+        run.files[table] = [p for p, _ in valid[table]]
+    traces_dir = run_dir / "traces"
+    if traces_dir.is_dir():
+        for rank_dir in sorted(traces_dir.iterdir()):
+            if (m := _RANK_DIR.match(rank_dir.name)) and rank_dir.is_dir():
+                for f in sorted(rank_dir.iterdir()):
+                    if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")):
+                        run.raw_traces.append((int(m.group(1)), f))
+                        ranks.add(int(m.group(1)))
+    run.ranks = sorted(ranks)
+
+    if not allow_empty and not any(valid.values()) and not run.raw_traces:
+        detail = f"; {len(run.skipped_parts)} unreadable part(s)" if run.skipped_parts else ""
+        raise RunDirError(f"run has no recorded data (no readable part-*.parquet){detail}: "
+                          f"{run_dir}")
+
+    con = duckdb.connect(":memory:")
+    run.con = con
+    try:
+        # Spill files (rare) go to the temp dir, never next to the run we only read.
+        con.execute(f"SET temp_directory = {_sql_str(tempfile.gettempdir())}")
+        con.execute("SET enable_progress_bar = false")
+        for table in TABLE_NAMES:
+            if table == "trace_events":
+                continue
+            con.execute(f"CREATE VIEW {table} AS {_view_sql(table, valid[table])}")
+        tsql = _view_sql("trace_events", valid["trace_events"])
+        con.execute(f"CREATE VIEW trace_events AS {tsql}")
+        raw = _load_raw_traces(run)
+        if raw is not None and raw.num_rows:
+            con.register("_raw_trace_events", raw)
+            cols = ", ".join(f'"{c}"' for c, _ in TABLES["trace_events"])
+            con.execute(f"CREATE OR REPLACE VIEW trace_events AS "
+                        f"SELECT {cols} FROM ({tsql}) UNION ALL "
+                        f"SELECT {cols} FROM _raw_trace_events")
+    except duckdb.Error as e:
+        run.close()
+        raise RunDirError(f"cannot open the run's tables: {_one_line(e)}") from e
+    return run

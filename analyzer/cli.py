@@ -1,0 +1,252 @@
+"""The ``tracealyze`` command line.
+
+Start-up must stay fast (``--help`` in well under 0.3 s) and never import torch: this module
+imports only click and the standard library at the top; duckdb, pyarrow and the analysis code
+are imported inside the commands. Library errors (``errors.TracealyzeError``) become one line
+on stderr and exit code 2 here, at the edge, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_FAIL_ON = 1
+EXIT_BAD_INPUT = 2
+
+
+class BadInput(click.ClickException):
+    """One line on stderr, exit 2 (DESIGN.md: usage error, bad input or SQL error)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def _edge(fn: F) -> F:
+    """Turn library errors into :class:`BadInput` (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .errors import TracealyzeError
+
+        try:
+            return fn(*args, **kwargs)
+        except TracealyzeError as e:
+            raise BadInput(" ".join(str(e).split())) from e
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadInput(f"{type(e).__name__}: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+_RUN_DIR = click.Path(path_type=Path)  # existence is checked by open_run (one clear message)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="tracealyze")
+def main() -> None:
+    """Analyze tracealyze training runs: findings, SQL, HTML report.
+
+    \b
+    Example:
+      tracealyze summary runs/exp1
+      tracealyze query runs/exp1 "SELECT step, loss FROM steps ORDER BY step DESC LIMIT 5"
+    """
+
+
+@main.command()
+@click.argument("run_dir", type=_RUN_DIR)
+@_edge
+def tables(run_dir: Path) -> None:
+    """List the run's tables (views), their columns and row counts.
+
+    \b
+    Example:
+      tracealyze tables runs/exp1
+    """
+    from .catalog import open_run
+
+    with open_run(run_dir) as run:
+        listing = run.tables()
+        skipped = list(run.skipped_parts)
+    for name, cols, count in listing:
+        click.echo(f"{name}  ({count:,} rows)")
+        for col, typ in cols:
+            click.echo(f"    {col:<22} {typ}")
+    for path, why in skipped:
+        click.echo(f"skipped {path}: {why}", err=True)
+
+
+def _render_table(cols: list[str], rows: list[tuple[Any, ...]]) -> str:
+    def cell(v: Any) -> str:
+        if v is None:
+            return "NULL"
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        return str(v)
+
+    body = [[cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(cols)]
+    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and rows
+               for i in range(len(cols))]
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(v.rjust(w) if numeric[i] else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(vals, widths, strict=True))).rstrip()
+
+    out = [line(cols), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in body]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def _json_value(v: Any) -> Any:
+    import math
+
+    if isinstance(v, float) and not math.isfinite(v):
+        return None  # strict JSON has no NaN/Inf
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    return str(v)
+
+
+@main.command()
+@click.argument("run_dir", type=_RUN_DIR)
+@click.argument("sql")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True, help="Output format.")
+@_edge
+def query(run_dir: Path, sql: str, fmt: str) -> None:
+    """Run one read-only SQL statement (DuckDB dialect) over the run's tables.
+
+    Every table (steps, tensor_stats, metrics, events, memory, system, trace_events) is a view
+    of that name over all ranks and parts.
+
+    \b
+    Example:
+      tracealyze query runs/exp1 "SELECT name, max(norm) FROM tensor_stats
+          WHERE kind = 'grad' GROUP BY name ORDER BY 2 DESC LIMIT 10" --format csv
+    """
+    from .catalog import open_run
+
+    with open_run(run_dir) as run:
+        cols, rows = run.query(sql)
+    if fmt == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(cols)
+        w.writerows(rows)
+    elif fmt == "json":
+        import json
+
+        click.echo(json.dumps([{c: _json_value(v) for c, v in zip(cols, r, strict=True)}
+                               for r in rows], indent=1))
+    else:
+        click.echo(_render_table(cols, rows))
+
+
+_SET_HELP = ("Override a threshold: DETECTOR.KEY=VALUE (repeatable), "
+             "e.g. memory_leak.min_slope_bytes=1e6.")
+_CONFIG_HELP = "Thresholds file (TOML: [detector] tables, or JSON)."
+
+
+@main.command()
+@click.argument("run_dir", type=_RUN_DIR)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--fail-on", type=click.Choice(["warning", "error", "critical"]), default=None,
+              help="Exit 1 if a finding is at least this severe (CI gate).")
+@click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+              help=_CONFIG_HELP)
+@_edge
+def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[str, ...],
+            config_file: Path | None) -> None:
+    """Say what went wrong in a run: ranked findings with evidence and advice.
+
+    Exit code 1 when --fail-on is given and a finding reaches that severity.
+
+    \b
+    Example:
+      tracealyze summary runs/exp1
+      tracealyze summary runs/exp1 --json --fail-on error --set loss_spike.z=10
+    """
+    from .summary import build_summary, fails, render_text
+
+    result = build_summary(run_dir, list(overrides), config_file=config_file)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result, indent=1))
+    else:
+        click.echo(render_text(result))
+    if fail_on and fails(result, fail_on):
+        sys.exit(EXIT_FAIL_ON)
+
+
+@main.command()
+@click.argument("run_dir", type=_RUN_DIR)
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Where to write the HTML (default RUN_DIR/report.html).")
+@click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+              help=_CONFIG_HELP)
+@_edge
+def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
+           config_file: Path | None) -> None:
+    """Write a self-contained offline HTML report of the run and print its path.
+
+    \b
+    Example:
+      tracealyze report runs/exp1 -o exp1.html
+    """
+    try:
+        from .report import write_report  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise BadInput(f"the HTML report is not available in this installation ({e})") from e
+    kwargs: dict[str, Any] = {"overrides": list(overrides) or None}
+    if config_file is not None:
+        from . import config
+        from .detectors.base import discover
+
+        # resolve the file here so the report gets one merged set of thresholds
+        kwargs["overrides"] = config.resolve(discover()[0], list(overrides), config_file)
+    path = write_report(run_dir, out, progress=sys.stderr.isatty(), **kwargs)
+    click.echo(str(path))
+
+
+@main.command("import-trace")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("run_dir", type=_RUN_DIR)
+@_edge
+def import_trace(traces: tuple[Path, ...], run_dir: Path) -> None:
+    """Import external torch.profiler / Kineto traces (.json or .json.gz) into RUN_DIR.
+
+    The events land in the trace_events table (GPU time breakdown, gpu_idle, host_sync,
+    top_ops findings).
+
+    \b
+    Example:
+      tracealyze import-trace prof/worker0.pt.trace.json.gz runs/exp1
+    """
+    try:
+        from .traces import import_traces  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise BadInput(f"trace import is not available in this installation ({e})") from e
+    for info in import_traces(list(traces), run_dir):
+        parts = [f"{k}={v}" for k, v in info.items() if k != "path"]
+        click.echo(f"imported {info.get('path', '')} " + " ".join(parts))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

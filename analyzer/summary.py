@@ -1,0 +1,174 @@
+"""Run every detector over a run and build the DESIGN.md summary (JSON dict, text).
+
+A detector that raises does not kill the summary: its failure becomes a ``warning`` finding
+under that detector's id, so the user sees the analysis is incomplete (and a CI gate on
+``--fail-on warning`` does not pass a run it could not fully check).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .catalog import Run, open_run
+from .findings import FINDING_IDS, SEVERITIES, Finding, rank_findings, severity_rank
+
+SUMMARY_SCHEMA_VERSION = 1
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
+    return Finding(
+        id=det_id, severity="warning",
+        title=f"Detector {det_id} failed; this check was not done",
+        message=f"The {det_id} detector {what}: {type(exc).__name__}: {exc}{where}.",
+        advice="This is a bug in tracealyze or an unexpected run layout; please report it "
+               "with the run's run.json. Other findings are unaffected.",
+        evidence={"detector_error": f"{type(exc).__name__}: {exc}"},
+    )
+
+
+def analyze(run: Run, overrides: Any = None, *,
+            config_file: Path | str | None = None) -> list[Finding]:
+    """All findings of all detectors, ranked (most severe first)."""
+    from . import config
+    from .detectors.base import Context, discover
+
+    modules, load_errors = discover()
+    thresholds = config.resolve(modules, overrides, config_file)
+    ctx = Context(run=run, thresholds=thresholds)
+    findings: list[Finding] = []
+    for err in load_errors:
+        # name the failure after the module when it is a finding id (modules are named so)
+        det_id = err.module if err.module in FINDING_IDS else "dropped_data"
+        findings.append(_failure(det_id, "could not be loaded",
+                                 RuntimeError(f"{err.module}: {err.error}")))
+    for mod in modules:
+        th = thresholds[mod.ID]
+        if not th.get("enabled", True):
+            continue
+        try:
+            found = mod.detect(ctx, th) or []
+        except Exception as e:  # one detector's bug must not hide the others' findings
+            findings.append(_failure(mod.ID, "raised an exception", e))
+            continue
+        findings.extend(found)
+    return rank_findings(findings)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to 'nan'/'inf' strings."""
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, TypeError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _gpu_time(run: Run) -> list[dict[str, Any]] | None:
+    (n,) = run.con.execute(
+        "SELECT count(*) FROM trace_events WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
+    ).fetchone()
+    if not n:
+        return None
+    try:
+        from .gputime import gpu_time_breakdown  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return list(gpu_time_breakdown(run.con))
+
+
+def build_summary(run: Run | str | Path, overrides: Any = None, *,
+                  config_file: Path | str | None = None) -> dict[str, Any]:
+    """The DESIGN.md summary JSON of ``run`` (a Run, or a path opened and closed here).
+
+    ``overrides``: ``{detector: {key: value}}`` or ``["detector.key=value", ...]``.
+    """
+    if not isinstance(run, Run):
+        with open_run(run) as opened:
+            return build_summary(opened, overrides, config_file=config_file)
+    findings = analyze(run, overrides, config_file=config_file)
+    (steps,) = run.con.execute("SELECT count(DISTINCT step) FROM steps").fetchone()
+    out: dict[str, Any] = {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "run": {"run_id": run.run_id, "status": run.status, "steps": int(steps),
+                "ranks": list(run.ranks)},
+        "findings": [f.to_json() for f in findings],
+    }
+    try:
+        gpu = _gpu_time(run)
+    except Exception as e:  # breakdown failure: say so, keep the rest
+        out["findings"].append(_failure("gpu_idle", "could not compute the GPU time "
+                                        "breakdown", e).to_json())
+        gpu = None
+    if gpu is not None:
+        out["gpu_time"] = gpu
+    return _clean(out)
+
+
+def worst_severity(summary: Mapping[str, Any]) -> str | None:
+    """Highest severity among the summary's findings, None if there are none."""
+    sev = [f["severity"] for f in summary.get("findings", [])]
+    return max(sev, key=severity_rank) if sev else None
+
+
+def fails(summary: Mapping[str, Any], fail_on: str) -> bool:
+    """True if some finding is at least as severe as ``fail_on``."""
+    worst = worst_severity(summary)
+    return worst is not None and severity_rank(worst) >= severity_rank(fail_on)
+
+
+_MARK = {"info": "·", "warning": "!", "error": "✗", "critical": "✗✗"}
+
+
+def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
+    """Human-readable summary for a terminal."""
+    run = summary["run"]
+    ranks = run.get("ranks") or []
+    lines = [f"run {run.get('run_id') or '?'}  status={run.get('status')}  "
+             f"steps={run.get('steps')}  ranks={','.join(map(str, ranks)) or '-'}"]
+    findings = summary.get("findings", [])
+    counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
+    if not any(counts[s] for s in SEVERITIES[1:]):
+        lines.append("No problems found" + (f" ({counts['info']} note(s))."
+                                            if counts["info"] else "."))
+    else:
+        lines.append(", ".join(f"{counts[s]} {s}" for s in reversed(SEVERITIES) if counts[s]))
+    wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
+    for f in findings:
+        where = []
+        if f.get("subject"):
+            where.append(str(f["subject"]))
+        if f.get("first_step") is not None:
+            where.append(f"from step {f['first_step']}")
+        lines.append("")
+        lines.append(f"{_MARK.get(f['severity'], '?')} {f['severity'].upper():8} {f['id']}: "
+                     f"{f['title']}" + (f"  [{', '.join(where)}]" if where else ""))
+        lines.extend(wrap.wrap(f["message"]))
+        if f.get("advice"):
+            lines.extend(wrap.wrap("Try: " + f["advice"]))
+    for g in summary.get("gpu_time", []) or []:
+        total = g.get("total_us") or 0
+        if total:
+            lines.append("")
+            lines.append(
+                f"GPU time rank {g.get('rank')}: total {total / 1e3:.1f} ms, idle "
+                f"{100 * (g.get('idle_us') or 0) / total:.1f}%, compute "
+                f"{100 * (g.get('compute_us') or 0) / total:.1f}%, non-compute "
+                f"{100 * (g.get('non_compute_us') or 0) / total:.1f}%")
+    return "\n".join(lines)
