@@ -35,7 +35,7 @@ KERNEL_TYPES: tuple[str, ...] = ("communication", "memory", "computation", "othe
 
 _ACTIVITY_SQL = f"""
 WITH te AS (
-    SELECT rank, trace_id, cat, name, ts_us, dur_us, correlation FROM trace_events
+    SELECT rank, trace_id, step, cat, name, ts_us, dur_us, correlation FROM trace_events
 ),
 steps AS (  -- per trace: how many ProfilerStep spans, and where the last one ends
     SELECT rank, trace_id, count(DISTINCT name) AS n_steps, max(ts_us + dur_us) AS last_end
@@ -55,7 +55,8 @@ act AS (
     -- Times relative to the trace start: ns traces carry epoch microseconds with fractions,
     -- and at 1.7e15 us a float64 resolves only 0.25 us, so adding dur to the absolute ts
     -- would round every interval end (HTA subtracts the trace start first, too).
-    SELECT a.rank, a.trace_id, a.name, a.ts_us - z.t0 AS s, (a.ts_us - z.t0) + a.dur_us AS e,
+    SELECT a.rank, a.trace_id, a.step, a.name,
+        a.ts_us - z.t0 AS s, (a.ts_us - z.t0) + a.dur_us AS e,
         CASE
             WHEN regexp_matches(a.name, '{COMM_RE}') THEN 'communication'
             WHEN regexp_matches(a.name, '{MEMORY_RE}') THEN 'memory'
@@ -77,20 +78,21 @@ act AS (
 _UNION_SQL = """
 , keyed AS ({keyed}),
 o AS (
-    SELECT *, max(e) OVER (PARTITION BY rank, trace_id, k ORDER BY s, e
+    SELECT *, max(e) OVER (PARTITION BY rank, trace_id, part, k ORDER BY s, e
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
     FROM keyed
 ),
 g AS (
     SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END)
-              OVER (PARTITION BY rank, trace_id, k ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS blk
+              OVER (PARTITION BY rank, trace_id, part, k ORDER BY s, e
+                    ROWS UNBOUNDED PRECEDING) AS blk
     FROM o
 ),
 blocks AS (
-    SELECT rank, trace_id, k, blk, min(s) AS s, max(e) AS e FROM g GROUP BY ALL
+    SELECT rank, trace_id, part, k, blk, min(s) AS s, max(e) AS e FROM g GROUP BY ALL
 ),
 unions AS (
-    SELECT rank, trace_id, k, sum(e - s) AS union_us, min(s) AS first_s, max(e) AS last_e
+    SELECT rank, trace_id, part, k, sum(e - s) AS union_us, min(s) AS first_s, max(e) AS last_e
     FROM blocks GROUP BY ALL
 )
 """
@@ -112,34 +114,58 @@ def gpu_time_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """
     if not _has_trace_events(con):
         return []
+    rows = _breakdown(con, "0")
+    for r in rows:
+        del r["part"]
+    return rows
+
+
+def gpu_time_by_step(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Like :func:`gpu_time_breakdown`, per rank and profiler step (``"step"`` key).
+
+    A step's activity is what its host side launched (``step`` of the kernel rows), measured
+    from its first start to its last end, so the gap between steps is in neither. Activity
+    with no step (no ProfilerStep in the trace) is left out.
+    """
+    if not _has_trace_events(con):
+        return []
+    rows = _breakdown(con, "step", "step IS NOT NULL")
+    for r in rows:
+        r["step"] = r.pop("part")
+    return rows
+
+
+def _breakdown(con: duckdb.DuckDBPyConnection, part: str, where: str = "TRUE") -> list[dict]:
     keyed = (
-        "SELECT rank, trace_id, 'busy' AS k, s, e FROM act "
-        "UNION ALL SELECT rank, trace_id, 'compute' AS k, s, e FROM act "
-        "WHERE ktype = 'computation'"
+        f"SELECT rank, trace_id, {part} AS part, 'busy' AS k, s, e FROM act WHERE {where} "
+        f"UNION ALL SELECT rank, trace_id, {part} AS part, 'compute' AS k, s, e FROM act "
+        f"WHERE ktype = 'computation' AND {where}"
     )
     sql = (
         _ACTIVITY_SQL
         + _UNION_SQL.format(keyed=keyed)
         + """
 , per_trace AS (
-    SELECT b.rank, b.trace_id,
+    SELECT b.rank, b.trace_id, b.part,
         b.last_e - b.first_s AS total_us,
         (b.last_e - b.first_s) - b.union_us AS idle_us,
         coalesce(c.union_us, 0) AS compute_us
     FROM unions b
-    LEFT JOIN unions c ON c.rank = b.rank AND c.trace_id = b.trace_id AND c.k = 'compute'
+    LEFT JOIN unions c ON c.rank = b.rank AND c.trace_id = b.trace_id AND c.part = b.part
+                       AND c.k = 'compute'
     WHERE b.k = 'busy'
 )
-SELECT rank, sum(total_us), sum(idle_us), sum(compute_us)
-FROM per_trace GROUP BY rank ORDER BY rank
+SELECT rank, part, sum(total_us), sum(idle_us), sum(compute_us)
+FROM per_trace GROUP BY rank, part ORDER BY rank, part
 """
     )
     out = []
-    for rank, total, idle, compute in con.execute(sql).fetchall():
+    for rank, part_value, total, idle, compute in con.execute(sql).fetchall():
         total, idle, compute = float(total), float(idle), float(compute)
         out.append(
             {
                 "rank": int(rank),
+                "part": part_value,
                 "total_us": round(total, 3),
                 "idle_us": round(idle, 3),
                 "compute_us": round(compute, 3),
@@ -163,8 +189,8 @@ def kernel_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     if not _has_trace_events(con):
         return []
     keyed = (
-        "SELECT rank, trace_id, 'busy' AS k, s, e FROM act "
-        "UNION ALL SELECT rank, trace_id, ktype AS k, s, e FROM act"
+        "SELECT rank, trace_id, 0 AS part, 'busy' AS k, s, e FROM act "
+        "UNION ALL SELECT rank, trace_id, 0 AS part, ktype AS k, s, e FROM act"
     )
     sql = (
         _ACTIVITY_SQL

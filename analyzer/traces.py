@@ -172,7 +172,25 @@ def _trace_id(path: Path, meta: dict[str, Any], raw: bytes) -> str:
     own = meta.get("trace_id")
     if isinstance(own, str) and own.strip():
         return own.strip()
-    return f"{_trace_stem(path)}-{hashlib.sha1(raw).hexdigest()[:12]}"
+    digest = hashlib.sha1(raw).hexdigest()[:12]
+    stem = _trace_stem(path)
+    # import_traces names a copy '<trace_id>.<ext>' when the file name is taken: the id of
+    # that copy must stay the id of the original.
+    return stem if stem.endswith(f"-{digest}") else f"{stem}-{digest}"
+
+
+def trace_id_for(path: Path) -> str:
+    """The trace_id ``read_trace`` gives ``path``, without building the table.
+
+    Cheap unless the trace carries its own ``trace_id`` (then the JSON is parsed). Used by the
+    catalog to skip raw traces whose events are already in ``trace_events`` parts.
+    """
+    path = Path(path)
+    raw = _read_bytes(path)
+    meta: dict[str, Any] = {}
+    if b'"trace_id"' in raw:
+        meta = _load(path)[0]
+    return _trace_id(path, meta, raw)
 
 
 def _args_json(args: dict[str, Any], promoted: frozenset[str]) -> str | None:
@@ -497,8 +515,8 @@ def import_traces(paths: list[Path], run_dir: Path) -> list[dict[str, Any]]:
             raw_dir = run_dir / "traces" / f"rank={rank}"
             raw_dir.mkdir(parents=True, exist_ok=True)
             dest = raw_dir / path.name
-            if dest.exists():
-                dest = raw_dir / f"{trace_id}-{path.name}"
+            if dest.exists():  # another trace of that name: '<trace_id>.<ext>' (see _trace_id)
+                dest = raw_dir / (trace_id + path.name[len(_trace_stem(path)):])
             tmp = raw_dir / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
             shutil.copyfile(path, tmp)
             os.replace(tmp, dest)
