@@ -1,0 +1,260 @@
+"""One recorded step: pieces gathered on the training thread, unpacked on the writer thread.
+
+During a step the recorder collects small device tensors (loss, metrics, a vector of
+per-parameter norms, matrices of full statistics, ...) in a :class:`StepAccum`. When the step
+is committed they are concatenated into ONE float32 vector and, on CUDA, copied to pinned
+host memory with ONE non-blocking copy whose completion is marked by a CUDA event. The
+writer thread waits on that event — the training thread never waits for the GPU — then
+turns the vector back into rows (:class:`StepItem`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from .stats import N_STATS
+
+if TYPE_CHECKING:
+    from .writer import Writer
+
+_STAT_NAMES = ("norm", "absmax", "mean", "std", "min", "max", "zero_frac", "nonfinite")
+
+
+@dataclass
+class Piece:
+    """A slice of the step vector: what it is, how many values, and the names of its rows."""
+
+    label: str  # loss | lr | loss_scale | metric | grad_norms | grad | param | update | act_nf
+    #             | activation | watch
+    n: int
+    names: tuple[str, ...] = ()
+    numels: tuple[int, ...] = ()
+    seqs: tuple[int, ...] = ()
+    metric: str | None = None
+
+
+@dataclass
+class StepAccum:
+    """Everything gathered for one recorded step on the training thread."""
+
+    step: int
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    pieces: list[Piece] = field(default_factory=list)
+    floats: dict[str, list[float]] = field(default_factory=dict)  # loss, lr, loss_scale
+    metrics: dict[str, float] = field(default_factory=dict)
+    data_wait_s: float = 0.0
+    waited: bool = False
+    grads_captured: bool = False
+    scaler: bool = False
+    ended: float | None = None  # wall time of the rec.step() that closed it
+    duration_s: float | None = None
+    act_seq: int = 0
+
+    def has(self, label: str) -> bool:
+        return label in self.floats or any(p.label == label for p in self.pieces)
+
+    def add(self, piece: Piece, tensor: torch.Tensor) -> None:
+        self.pieces.append(piece)
+        self.tensors.append(tensor)
+
+    def add_scalar(self, label: str, value: Any, *, metric: str | None = None) -> None:
+        """A loss/metric/lr value: Python numbers stay on the host, tensors join the vector."""
+        if value is None:
+            return
+        if isinstance(value, torch.Tensor):
+            t = value.detach()
+            if t.numel() != 1:
+                t = t.float().mean()  # a per-sample loss vector is recorded as its mean
+            self.add(Piece(label, 1, metric=metric), t.reshape(1).float())
+            return
+        v = float(value)
+        if label == "metric":
+            self.metrics[metric or "?"] = v
+        else:
+            self.floats.setdefault(label, []).append(v)
+
+
+def pack(acc: StepAccum) -> tuple[torch.Tensor | None, Any]:
+    """Concatenate the step's device tensors and start their copy to the host.
+
+    Returns (host_vector, cuda_event_or_None). The only device work is one cat and, on CUDA,
+    one non-blocking device-to-host copy into pinned memory: no sync.
+    """
+    if not acc.tensors:
+        return None, None
+    device = acc.tensors[0].device
+    parts = [t.reshape(-1).to(device=device, dtype=torch.float32, non_blocking=True)
+             for t in acc.tensors]
+    flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+    if device.type == "cuda":
+        host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(flat, non_blocking=True)  # the step's one D2H copy, read later
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+    if device.type != "cpu":  # other accelerators: a plain async copy where supported
+        return flat.to("cpu", non_blocking=True), None
+    return flat, None
+
+
+@dataclass
+class StepItem:
+    """A committed step on its way to the writer thread (callable there)."""
+
+    step: int
+    time: float
+    duration_s: float | None
+    data_wait_s: float | None
+    floats: dict[str, list[float]]
+    metrics: dict[str, float]
+    pieces: list[Piece]
+    host: torch.Tensor | None
+    event: Any
+    scaler: bool
+    memory: bool
+    probe: Any  # MemoryProbe
+    nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
+    store_grad_norms: bool = True
+
+    def __call__(self, w: Writer) -> None:
+        if self.event is not None:
+            # Waits for the GPU on the writer thread; the training thread has moved on.
+            self.event.synchronize()
+        w.step_hint = self.step
+        vec = self.host.numpy() if self.host is not None else np.empty(0, np.float32)
+        off = 0
+        # Several values of one label come from folded micro-batches: the step's loss is
+        # their mean, lr and loss scale the last one.
+        floats: dict[str, list[float]] = {k: list(v) for k, v in self.floats.items()}
+        metrics = dict(self.metrics)
+        grad_norms = None
+        grad_names: tuple[str, ...] = ()
+        rows: dict[str, list[Any]] = {}
+        kinds: set[str] = set()
+        for p in self.pieces:
+            seg = vec[off: off + p.n]
+            off += p.n
+            if p.label in ("loss", "lr", "loss_scale"):
+                floats.setdefault(p.label, []).append(float(seg[0]))
+            elif p.label == "metric":
+                metrics[p.metric or "?"] = float(seg[0])
+            elif p.label == "grad_norms":
+                grad_norms, grad_names = seg.astype(np.float64), p.names
+            elif p.label == "act_nf":
+                self._activation_nonfinite(w, p, seg, rows)
+            else:
+                kind = {"grad": "grad", "param": "param", "update": "update",
+                        "activation": "activation", "watch": "watch"}[p.label]
+                self._stat_rows(p, kind, seg, rows)
+                kinds.add(kind)
+        losses = floats.get("loss")
+        loss = float(np.mean(losses)) if losses else None
+        lr = floats["lr"][-1] if floats.get("lr") else None
+        loss_scale = floats["loss_scale"][-1] if floats.get("loss_scale") else None
+        grad_norm = nonfinite_grads = None
+        if grad_norms is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                grad_norm = float(np.sqrt(np.sum(grad_norms * grad_norms)))
+            bad = ~np.isfinite(grad_norms)
+            nonfinite_grads = int(bad.sum())
+            # Full gradient stats (when computed this step) already carry the norm.
+            if "grad" not in kinds and self.store_grad_norms:
+                self._norm_rows(grad_names, grad_norms, rows)
+            if nonfinite_grads:
+                self._report_nonfinite(w, "gradient", grad_names[int(np.argmax(bad))],
+                                       f"gradient of {grad_names[int(np.argmax(bad))]} "
+                                       f"holds NaN/Inf ({nonfinite_grads} gradient tensor(s))")
+        if loss is not None and not math.isfinite(loss):
+            self._report_nonfinite(w, "loss", "loss", f"loss is {loss}")
+        w.append("steps", {
+            "step": [self.step], "time": [self.time], "duration_s": [self.duration_s],
+            "data_wait_s": [self.data_wait_s], "loss": [loss], "lr": [lr],
+            "grad_norm": [grad_norm], "nonfinite_grads": [nonfinite_grads],
+            "loss_scale": [loss_scale],
+            "amp_skipped": [bool(nonfinite_grads) if self.scaler and nonfinite_grads is not None
+                            else None],
+        })
+        if metrics:
+            w.append("metrics", {"step": [self.step] * len(metrics),
+                                 "name": list(metrics), "value": list(metrics.values())})
+        if rows.get("name"):
+            cols = {k: np.concatenate(v) for k, v in rows.items()}
+            n = len(cols["name"])
+            w.append("tensor_stats", {"step": np.full(n, self.step, dtype=np.int64), **cols})
+        if self.memory and self.probe is not None:
+            snap = self.probe.snapshot()
+            w.append("memory", {"step": [self.step], "time": [time.time()],
+                                **{k: [v] for k, v in snap.items()}})
+
+    # -- helpers (writer thread) -------------------------------------------------------
+    @staticmethod
+    def _extend(rows: dict[str, list[Any]], cols: dict[str, Any]) -> None:
+        n = len(cols["name"])
+        for k in ("name", "kind", "numel", *_STAT_NAMES, "ratio", "seq"):
+            v = cols.get(k)
+            if v is None:
+                v = np.full(n, np.nan)
+            elif not isinstance(v, np.ndarray):
+                v = np.asarray(v, dtype=object if k in ("name", "kind") else None)
+            rows.setdefault(k, []).append(v)
+
+    def _stat_rows(self, p: Piece, kind: str, seg: np.ndarray, rows: dict) -> None:
+        m = seg.reshape(len(p.names), -1)
+        cols: dict[str, Any] = {"name": np.array(p.names, dtype=object),
+                                "kind": np.full(len(p.names), kind, dtype=object),
+                                "numel": np.array(p.numels, dtype=np.float64)}
+        if kind == "update":
+            upd, w = m[:, 0].astype(np.float64), m[:, 1].astype(np.float64)
+            cols["norm"] = upd
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cols["ratio"] = np.where(w > 0, upd / w, np.nan)
+        else:
+            for i, name in enumerate(_STAT_NAMES[:N_STATS]):
+                cols[name] = m[:, i].astype(np.float64)
+        if p.seqs:
+            cols["seq"] = np.array(p.seqs, dtype=np.float64)
+        self._extend(rows, cols)
+
+    def _norm_rows(self, names: tuple[str, ...], norms: np.ndarray, rows: dict) -> None:
+        n = len(names)
+        self._extend(rows, {"name": np.array(names, dtype=object),
+                            "kind": np.full(n, "grad", dtype=object),
+                            "numel": np.full(n, np.nan), "norm": norms})
+
+    def _activation_nonfinite(self, w: Writer, p: Piece, seg: np.ndarray, rows: dict) -> None:
+        """Per-step NaN/Inf counts of module outputs: rows only when something went bad."""
+        if not np.any(seg > 0):
+            return
+        self._extend(rows, {"name": np.array(p.names, dtype=object),
+                            "kind": np.full(len(p.names), "activation", dtype=object),
+                            "numel": np.array(p.numels, dtype=np.float64),
+                            "nonfinite": seg.astype(np.float64),
+                            "seq": np.array(p.seqs, dtype=np.float64)})
+        first = int(np.argmax(seg > 0))  # pieces are in forward-completion order
+        name = p.names[first]
+        where = "the input batch" if name == "<input>" else f"the output of module {name!r}"
+        self._report_nonfinite(w, "activation", name, f"NaN/Inf first appeared in {where}")
+
+    def _report_nonfinite(self, w: Writer, what: str, subject: str, message: str) -> None:
+        """One event per kind of nonfinite value, at its first occurrence."""
+        st = self.nonfinite_state
+        if what in st:
+            st[what + "_count"] = st.get(what + "_count", 1) + 1
+            return
+        st[what] = self.step
+        w.event("nonfinite", f"step {self.step}: {message}", severity="error",
+                subject=subject, step=self.step, source=what)
+
+
+def event_row(step: int | None, kind: str, message: str, *, severity: str,
+              subject: str | None, stack: str | None, details: dict[str, Any]) -> dict:
+    return {"step": [step], "time": [time.time()], "kind": [kind], "severity": [severity],
+            "subject": [subject], "message": [message], "stack": [stack],
+            "details": [json.dumps(details, default=str)]}

@@ -1,0 +1,126 @@
+"""Recorder configuration: presets and every knob they set, validated at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+PRESETS: tuple[str, ...] = ("minimal", "standard", "debug")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RecorderConfig:
+    """What the recorder records and how often. Cadences are in recorded steps; 0 turns a
+    feature off. Build one with :meth:`from_preset`; every field can be overridden."""
+
+    enabled: bool = True
+    """False makes the recorder a no-op (nothing is written, not even run.json)."""
+    grad_norm_every: int = 1
+    """Per-parameter gradient L2 norm (one batched reduction). The step's total grad norm and
+    nonfinite-gradient count are derived from it, so 0 also leaves those null."""
+    store_grad_norms: bool = True
+    """Write the per-parameter norms to tensor_stats (False keeps only the step totals)."""
+    tensor_stats_every: int = 100
+    """Full gradient statistics (absmax, mean, std, min, max, zero_frac, nonfinite)."""
+    param_stats_every: int = 100
+    """Full parameter (weight) statistics."""
+    update_ratio_every: int = 0
+    """norm(update)/norm(weight) per parameter; costs one copy of the parameters at those
+    steps (needs an optimizer)."""
+    activation_stats_every: int = 0
+    """Full statistics of every module's output (forward hooks)."""
+    activation_nonfinite: bool = False
+    """Every step, a one-reduction NaN/Inf check of every module's output, so the first
+    nonfinite can be traced to the module that produced it."""
+    memory_every: int = 1
+    """Memory snapshot (RSS, CUDA allocator) every N steps; taken on the writer thread."""
+    system_interval_s: float = 1.0
+    """Background CPU/memory/GPU-utilisation sampler period; 0 = off."""
+    profile_every: int = 0
+    """Run a torch.profiler window every N steps (0 = only the window at profile_start, if
+    profile_start > 0)."""
+    profile_start: int = 0
+    """First step of the first profiler window; 0 with profile_every=0 disables profiling."""
+    profile_warmup: int = 1
+    """Profiler warm-up steps before each active window."""
+    profile_active: int = 2
+    """Steps recorded per profiler window."""
+    profile_max_windows: int = 5
+    """Stop profiling after this many windows (traces are large)."""
+    anomaly_mode: bool = False
+    """Turn on torch.autograd anomaly detection (slow: for debugging only)."""
+    flush_interval_s: float = 10.0
+    """Longest time data stays in memory before it is written (what a kill -9 can lose)."""
+    flush_rows: int = 200_000
+    """Flush a table early once it buffers this many rows."""
+    queue_size: int = 2048
+    """Items the writer may fall behind by; beyond it data is dropped and counted, never
+    blocking training."""
+    max_buffered_rows: int = 5_000_000
+    """If writes keep failing (disk full), the oldest buffered rows beyond this are dropped."""
+    merge_on_close: bool = True
+    """Merge each table's part files into one at close."""
+    stats_chunk_elems: int = 1 << 24
+    """Largest number of elements concatenated at once for full statistics (bounds the
+    temporary memory those steps need)."""
+    handle_sigterm: bool = True
+    """Close the run (status crashed, data flushed) on SIGTERM, then let the signal proceed."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type in ("int",) and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"{f.name} must be a non-negative integer, got {v!r}")
+            if f.type in ("float",) and (
+                not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0
+            ):
+                raise ValueError(f"{f.name} must be a non-negative number, got {v!r}")
+            if f.type in ("bool",) and not isinstance(v, bool):
+                raise ValueError(f"{f.name} must be True or False, got {v!r}")
+        if self.flush_interval_s <= 0:
+            raise ValueError("flush_interval_s must be > 0")
+        if self.queue_size < 1 or self.flush_rows < 1 or self.stats_chunk_elems < 1:
+            raise ValueError("queue_size, flush_rows and stats_chunk_elems must be >= 1")
+        if self.profile_active < 1 and (self.profile_every or self.profile_start):
+            raise ValueError("profile_active must be >= 1 when profiling is on")
+        if 0 < self.system_interval_s < 0.05:
+            raise ValueError("system_interval_s must be 0 (off) or >= 0.05")
+
+    @classmethod
+    def from_preset(cls, preset: str = "standard", **overrides: Any) -> RecorderConfig:
+        """The preset's knobs with ``overrides`` applied; ValueError for unknown names."""
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown recorder option(s) {', '.join(unknown)}; "
+                f"valid options: {', '.join(sorted(known))}"
+            )
+        return cls(**{**_PRESET_KNOBS[preset], **overrides})
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_PRESET_KNOBS: dict[str, dict[str, Any]] = {
+    # Step scalars (loss, lr, time, data wait, total grad norm) and memory; nothing per tensor.
+    "minimal": dict(
+        grad_norm_every=1, store_grad_norms=False, tensor_stats_every=0, param_stats_every=0,
+        memory_every=10, system_interval_s=5.0,
+    ),
+    # Production default: per-parameter grad norm every step, full stats every 100 steps,
+    # one short profiler window early in the run.
+    "standard": dict(
+        grad_norm_every=1, store_grad_norms=True, tensor_stats_every=100, param_stats_every=100,
+        memory_every=1, system_interval_s=1.0, profile_start=50, profile_every=0,
+    ),
+    # Everything, more often: update ratios, activation statistics, per-step NaN tracing.
+    "debug": dict(
+        grad_norm_every=1, store_grad_norms=True, tensor_stats_every=10, param_stats_every=10,
+        update_ratio_every=10, activation_stats_every=10, activation_nonfinite=True,
+        memory_every=1, system_interval_s=1.0, profile_start=20, profile_every=1000,
+        flush_interval_s=5.0,
+    ),
+}

@@ -1,0 +1,99 @@
+"""Scheduled torch.profiler windows, written as Chrome/Kineto traces under traces/rank=<r>/."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class ProfilerSchedule:
+    """Opens a profiler window of ``warmup + active`` steps ending at each scheduled point.
+
+    Windows start at ``start`` and then every ``every`` steps (if > 0), at most
+    ``max_windows`` times. ProfilerStep#N labels in the trace carry the recorder's own step
+    numbers, so the analyzer can join trace events to recorded steps.
+    """
+
+    def __init__(self, *, start: int, every: int, warmup: int, active: int, max_windows: int,
+                 trace_dir: Path, cuda: bool,
+                 submit: Callable[[Callable[[Any], None]], bool]) -> None:
+        self.start, self.every, self.warmup, self.active = start, every, warmup, active
+        self.max_windows = max_windows
+        self.trace_dir = trace_dir
+        self.cuda = cuda
+        self.submit = submit
+        self.windows = 0
+        self.prof: Any = None
+        self._left = 0
+        self._first = 0
+
+    def _window_starts_at(self, step: int) -> bool:
+        first = self.start - self.warmup
+        if step < max(first, 0) or self.windows >= self.max_windows:
+            return False
+        if step == max(first, 0):
+            return True
+        return self.every > 0 and (step - first) % self.every == 0
+
+    def before_step(self, step: int) -> None:
+        """Called when step ``step`` begins (right after the previous one was recorded)."""
+        if self.prof is not None or not self._window_starts_at(step):
+            return
+        if torch.autograd.profiler._is_profiler_enabled:  # the user profiles already
+            return
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self._first = step
+        self._left = self.warmup + self.active
+        self.prof = torch.profiler.profile(
+            activities=acts,
+            # skip_first=step because step_num starts at `step` (below): the schedule is a
+            # function of step_num.
+            schedule=torch.profiler.schedule(wait=0, warmup=self.warmup, active=self.active,
+                                             repeat=1, skip_first=step),
+            on_trace_ready=self._ready, record_shapes=False, with_stack=False,
+        )
+        self.prof.step_num = step  # ProfilerStep#<recorder step>
+        self.prof.start()
+
+    def after_step(self) -> None:
+        """Called when a step has been recorded."""
+        if self.prof is None:
+            return
+        self.prof.step()
+        self._left -= 1
+        if self._left <= 0:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.prof is None:
+            return
+        prof, self.prof = self.prof, None
+        self.windows += 1
+        prof.stop()
+
+    def _ready(self, prof: Any) -> None:
+        # Exporting must happen here, on the training thread (the profiler's data lives in
+        # it); compressing and renaming the file is left to the writer thread.
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        first = self._first + self.warmup
+        name = f"step{first:06d}-{first + self.active - 1:06d}"
+        tmp = self.trace_dir / f".{name}.{os.getpid()}.json.tmp"
+        prof.export_chrome_trace(str(tmp))
+        final = self.trace_dir / f"{name}.pt.trace.json.gz"
+        self.submit(lambda _w: _gzip_into_place(tmp, final))
+
+
+def _gzip_into_place(src: Path, final: Path) -> None:
+    part = final.with_name(f".{final.name}.tmp")
+    with open(src, "rb") as fi, gzip.open(part, "wb", compresslevel=5) as fo:
+        shutil.copyfileobj(fi, fo, 1 << 20)
+    os.replace(part, final)
+    src.unlink()

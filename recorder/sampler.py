@@ -1,0 +1,85 @@
+"""Memory snapshots and the ~1 s system sampler. Both run off the training thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psutil
+import torch
+
+
+class MemoryProbe:
+    """Reads process RSS and the CUDA caching allocator's counters (no device sync)."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.proc = psutil.Process()
+        self.cuda = device is not None and device.type == "cuda" and torch.cuda.is_available()
+        self.device = device
+        self.total = None
+        if self.cuda:
+            try:
+                self.total = torch.cuda.get_device_properties(device).total_memory
+            except Exception:
+                self.total = None
+
+    def snapshot(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"rss_bytes": self.proc.memory_info().rss}
+        if self.cuda:
+            # Host-side allocator bookkeeping: these calls never wait for the GPU.
+            stats = torch.cuda.memory_stats(self.device)
+            row.update(
+                cuda_allocated_bytes=stats.get("allocated_bytes.all.current"),
+                cuda_reserved_bytes=stats.get("reserved_bytes.all.current"),
+                cuda_peak_bytes=stats.get("allocated_bytes.all.peak"),
+                cuda_alloc_retries=stats.get("num_alloc_retries"),
+                cuda_ooms=stats.get("num_ooms"),
+                cuda_total_bytes=self.total,
+            )
+        return row
+
+
+class SystemSampler:
+    """Samples CPU, memory and GPU utilisation every ``interval_s`` on a daemon thread."""
+
+    def __init__(self, interval_s: float, emit, gpu: bool) -> None:
+        self.interval_s = interval_s
+        self.emit = emit  # callable(row dict); must not block
+        self.gpu = gpu
+        self._stop = threading.Event()
+        self.proc = psutil.Process()
+        self._thread = threading.Thread(target=self._run, name="tracealyze-sampler",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self.proc.cpu_percent(None)
+        psutil.cpu_percent(None)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.interval_s + 1)
+
+    def _gpu_util(self) -> float | None:
+        if not self.gpu:
+            return None
+        try:
+            return float(torch.cuda.utilization())
+        except Exception:  # no NVML: stop asking
+            self.gpu = False
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.emit({
+                    "time": time.time(),
+                    "cpu_percent": psutil.cpu_percent(None),
+                    "proc_cpu_percent": self.proc.cpu_percent(None),
+                    "mem_percent": psutil.virtual_memory().percent,
+                    "gpu_util": self._gpu_util(),
+                })
+            except Exception:
+                pass  # a failed sample is simply missing; training must not notice

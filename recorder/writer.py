@@ -1,0 +1,367 @@
+"""Background writer: buffers rows per table and writes crash-safe Parquet parts.
+
+The training thread only ever calls :meth:`Writer.submit`, which never blocks: when the
+bounded queue is full the item is dropped and counted (the counts are written as
+``dropped_data`` events). Everything else — waiting for device copies, building Arrow
+tables, compression, file I/O, fsync — happens on the writer thread.
+
+Each flush writes ``<table>/rank=<r>/part-<seq>.parquet`` under a temporary name, fsyncs it
+and renames it into place, so a killed process leaves only complete files. A failed write
+(disk full, directory deleted or read-only) keeps the rows buffered and retries at the next
+flush; the failure is counted and reported once, and training never sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .schema import TABLES
+
+PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+
+# Columns whose float values compress far better split into byte streams before zstd.
+_FLOAT_TYPES = (pa.float32(), pa.float64())
+
+
+class _Stop:
+    """Sentinel telling the writer thread to drain and exit."""
+
+
+class TableBuffer:
+    """Rows of one table, held as columnar chunks until the next flush."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.schema = TABLES[name]
+        self.chunks: list[pa.RecordBatch] = []
+        self.rows = 0
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self.chunks.append(batch)
+            self.rows += batch.num_rows
+
+    def take(self) -> pa.Table | None:
+        if not self.chunks:
+            return None
+        table = pa.Table.from_batches(self.chunks, schema=self.schema)
+        self.chunks, self.rows = [], 0
+        return table
+
+    def put_back(self, table: pa.Table) -> None:
+        """Re-queue rows whose write failed, ahead of anything buffered since."""
+        self.chunks = table.to_batches() + self.chunks
+        self.rows += table.num_rows
+
+    def drop_oldest(self, keep_rows: int) -> int:
+        """Drop whole oldest chunks until at most keep_rows remain; returns rows dropped."""
+        dropped = 0
+        while self.chunks and self.rows > keep_rows:
+            b = self.chunks.pop(0)
+            self.rows -= b.num_rows
+            dropped += b.num_rows
+        return dropped
+
+
+class Writer:
+    """Owns the writer thread, the per-table buffers and the part files of one rank."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        *,
+        flush_interval_s: float,
+        flush_rows: int,
+        queue_size: int,
+        max_buffered_rows: int,
+        on_flush: Callable[[], None] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.flush_interval_s = flush_interval_s
+        self.flush_rows = flush_rows
+        self.max_buffered_rows = max_buffered_rows
+        self.on_flush = on_flush
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self.buffers = {name: TableBuffer(name) for name in TABLES}
+        self.dropped: Counter[str] = Counter()  # what could not be recorded, by table
+        self._reported_dropped: Counter[str] = Counter()
+        self.errors = 0
+        self._error_kinds: set[str] = set()
+        self.pending_events: list[dict[str, Any]] = []  # events raised on the writer thread
+        self._seq = next_seq(run_dir, rank)
+        self._last_flush = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="tracealyze-writer", daemon=True)
+        self._closed = False
+        self.step_hint = 0  # latest step seen, for events raised here
+        self._thread.start()
+
+    # ------------------------------------------------------------------ training thread
+    def submit(self, item: Callable[[Writer], None], table: str = "steps") -> bool:
+        """Hand an item to the writer thread; never blocks. False (and counted) if dropped."""
+        if self._closed:
+            return False
+        try:
+            self.queue.put_nowait(item)
+            return True
+        except queue.Full:
+            self.dropped[table] += 1
+            return False
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Drain the queue, flush everything and stop the thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.queue.put(_Stop(), timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------------ writer thread
+    def append(self, table: str, columns: dict[str, Any]) -> None:
+        """Add rows (a dict of equal-length columns; rank is filled in) to a table."""
+        buf = self.buffers[table]
+        n = len(next(iter(columns.values())))
+        cols = {"rank": np.full(n, self.rank, dtype=np.int32), **columns}
+        arrays = [_array(cols.get(f.name), f.type, n) for f in buf.schema]
+        buf.append(pa.RecordBatch.from_arrays(arrays, schema=buf.schema))
+
+    def event(self, kind: str, message: str, *, severity: str = "warning",
+              subject: str | None = None, stack: str | None = None,
+              step: int | None = None, **details: Any) -> None:
+        """Record an event from the writer thread itself."""
+        self.append("events", {
+            "step": [self.step_hint if step is None else step], "time": [time.time()],
+            "kind": [kind], "severity": [severity], "subject": [subject],
+            "message": [message], "stack": [stack],
+            "details": [json.dumps(details, default=str)],
+        })
+
+    def record_error(self, where: str, exc: BaseException) -> None:
+        """Count a recorder failure, warn once per kind, and keep it as an event."""
+        self.errors += 1
+        key = f"{where}:{type(exc).__name__}"
+        if key not in self._error_kinds:
+            self._error_kinds.add(key)
+            print(f"tracealyze: recorder error in {where} ({type(exc).__name__}: {exc}); "
+                  "training continues, further errors of this kind are only counted",
+                  file=sys.stderr)
+        try:
+            self.event("recorder_error", f"{where}: {type(exc).__name__}: {exc}",
+                       severity="error", subject=where,
+                       stack="".join(traceback.format_exception(exc)), count=self.errors)
+        except Exception:
+            pass
+
+    def _run(self) -> None:
+        while True:
+            timeout = max(0.01, self.flush_interval_s - (time.monotonic() - self._last_flush))
+            try:
+                item = self.queue.get(timeout=min(timeout, 0.5))
+            except queue.Empty:
+                item = None
+            if isinstance(item, _Stop):
+                self._drain_nowait()
+                self.flush()
+                return
+            if item is not None:
+                try:
+                    item(self)
+                except Exception as exc:  # a bad item must not kill the writer
+                    self.record_error("writer", exc)
+            due = time.monotonic() - self._last_flush >= self.flush_interval_s
+            if due or any(b.rows >= self.flush_rows for b in self.buffers.values()):
+                self.flush()
+
+    def _drain_nowait(self) -> None:
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Stop):
+                continue
+            try:
+                item(self)
+            except Exception as exc:
+                self.record_error("writer", exc)
+
+    def flush(self) -> None:
+        """Write every non-empty buffer as a new part; keep rows whose write failed."""
+        self._last_flush = time.monotonic()
+        new_drops = self.dropped - self._reported_dropped
+        if new_drops:
+            self._reported_dropped.update(new_drops)
+            self.event("dropped_data",
+                       f"recorder fell behind and dropped {sum(new_drops.values())} item(s)",
+                       severity="warning", subject="writer_queue",
+                       dropped=dict(new_drops), dropped_total=dict(self.dropped))
+        ok = True
+        for buf in self.buffers.values():
+            table = buf.take()
+            if table is None:
+                continue
+            try:
+                self._write_part(buf.name, table)
+            except Exception as exc:
+                ok = False
+                buf.put_back(table)
+                self.record_error(f"write:{buf.name}", exc)
+        total = sum(b.rows for b in self.buffers.values())
+        if not ok and total > self.max_buffered_rows:
+            for buf in self.buffers.values():
+                lost = buf.drop_oldest(self.max_buffered_rows // len(self.buffers))
+                if lost:
+                    self.dropped[buf.name] += lost
+        if ok and self.on_flush is not None:
+            try:
+                self.on_flush()
+            except Exception as exc:
+                self.record_error("heartbeat", exc)
+
+    def _write_part(self, table_name: str, table: pa.Table) -> None:
+        d = self.run_dir / table_name / f"rank={self.rank}"
+        d.mkdir(parents=True, exist_ok=True)  # also recreates a deleted run directory
+        if table_name == "tensor_stats" and table.num_rows > 1:
+            table = _group_by_tensor(table)
+        final = d / f"part-{self._seq:06d}.parquet"
+        write_parquet_atomic(table, final)
+        self._seq += 1
+
+
+def _group_by_tensor(table: pa.Table) -> pa.Table:
+    """Rows of one tensor next to each other, in step order: consecutive values of one
+    tensor are similar, so byte-stream-split + zstd compress them several times better."""
+    t = table.unify_dictionaries().combine_chunks()
+    name_idx = t.column("name").chunk(0).indices.to_numpy(zero_copy_only=False)
+    kind_idx = t.column("kind").chunk(0).indices.to_numpy(zero_copy_only=False)
+    order = np.lexsort((t.column("step").to_numpy(), kind_idx, name_idx))
+    return t.take(pa.array(order))
+
+
+def write_parquet_atomic(tables: pa.Table | list[pa.Table] | Any, final: Path) -> None:
+    """Write one table (or stream several of one schema) to a temporary name, fsync, and
+    rename into place: readers only ever see complete files."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    it = iter([tables] if isinstance(tables, pa.Table) else tables)
+    first = next(it)
+    schema = first.schema
+    floats = [f.name for f in schema if f.type in _FLOAT_TYPES]
+    try:
+        with open(tmp, "wb") as fh:
+            with pq.ParquetWriter(
+                fh, schema, compression="zstd", compression_level=3,
+                use_dictionary=[f.name for f in schema
+                                if pa.types.is_dictionary(f.type) or f.type == pa.string()],
+                use_byte_stream_split=floats or False,
+            ) as pw:
+                pw.write_table(first)
+                for t in it:
+                    pw.write_table(t.cast(schema))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def _array(values: Any, typ: pa.DataType, n: int) -> pa.Array:
+    if values is None:
+        return pa.nulls(n, type=typ)
+    if isinstance(values, pa.Array):
+        return values if values.type == typ else values.cast(typ)
+    if pa.types.is_dictionary(typ):
+        return pa.array(values, type=typ.value_type).dictionary_encode().cast(typ)
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f" and not pa.types.is_floating(
+            typ):
+        # float carrier for an integer/bool column: NaN means null.
+        mask = np.isnan(values)
+        return pa.array(np.where(mask, 0, values).astype(typ.to_pandas_dtype()), type=typ,
+                        mask=mask)
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        return pa.array(values, type=typ, from_pandas=True)  # NaN -> null
+    return pa.array(values, type=typ, from_pandas=True)
+
+
+def next_seq(run_dir: Path, rank: int) -> int:
+    """One past the highest part sequence of this rank over every table (for resume)."""
+    best = 0
+    for name in TABLES:
+        d = run_dir / name / f"rank={rank}"
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            m = PART_RE.match(p.name)
+            if m:
+                best = max(best, int(m.group(2) or m.group(1)))
+    return best + 1
+
+
+def remove_stale_tmp(run_dir: Path, rank: int) -> None:
+    """Temporary files of a killed writer are unfinished writes: delete them."""
+    for name in TABLES:
+        d = run_dir / name / f"rank={rank}"
+        if d.is_dir():
+            for p in d.glob(".*.tmp"):
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+
+
+def merge_parts(run_dir: Path, rank: int, *, min_parts: int = 2) -> int:
+    """Merge each table's single parts of this rank into ``part-<a>-<b>.parquet``.
+
+    Crash-safe: the merged file appears atomically before the single parts are deleted, and
+    readers skip single parts covered by a merged range, so a kill in between duplicates
+    nothing. Previously merged files are left alone, so merged ranges never nest.
+    Returns the number of files merged away.
+    """
+    merged = 0
+    for name in TABLES:
+        d = run_dir / name / f"rank={rank}"
+        if not d.is_dir():
+            continue
+        singles = sorted(
+            (int(m.group(1)), p) for p in d.iterdir()
+            if (m := PART_RE.match(p.name)) and m.group(2) is None
+        )
+        if len(singles) < min_parts:
+            continue
+        first, last = singles[0][0], singles[-1][0]
+        final = d / f"part-{first:06d}-{last:06d}.parquet"
+        # Streamed one part at a time: memory stays bounded by the largest part.
+        write_parquet_atomic((pq.read_table(p) for _, p in singles), final)
+        for _, p in singles:
+            try:
+                p.unlink()
+                merged += 1
+            except OSError:
+                pass
+    return merged
