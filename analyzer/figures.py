@@ -1,0 +1,135 @@
+"""Small helpers shared by the report's chart builders: the Chart record, plotly figure specs,
+text escaping for plotly, units, and finding markers.
+
+Figures are plain plotly.js specs (dicts of ``data`` and ``layout``) serialised into the page;
+the page's script only hands them to ``Plotly.newPlot``. Shared styling lives in the page's
+script so the specs stay small.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+# Colours (Tailwind-ish palette, readable on white and distinguishable for common colour-blindness).
+BLUE = "#2563eb"
+ORANGE = "#ea580c"
+GREEN = "#16a34a"
+PURPLE = "#7c3aed"
+GREY = "#64748b"
+RED = "#dc2626"
+TEAL = "#0d9488"
+PALETTE = (BLUE, ORANGE, GREEN, PURPLE, TEAL, "#db2777", "#ca8a04", GREY)
+SEVERITY_COLOURS = {"info": "#0284c7", "warning": "#d97706", "error": RED, "critical": "#7f1d1d"}
+
+
+@dataclass
+class Chart:
+    """One chart of the report: an anchor (``id`` of its element), a heading and a figure."""
+
+    anchor: str
+    title: str
+    figure: dict[str, Any]
+    caption: str = ""
+    """One line under the chart (plain text; the template escapes it)."""
+    wide: bool = True
+    """Full width; False lets two charts share a row."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Data the page's script needs besides the figure (e.g. heatmap row names for hover)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"anchor": self.anchor, "figure": self.figure, "extra": self.extra}
+
+
+def esc(text: Any, limit: int = 200) -> str:
+    """Untrusted text for plotly labels, legends and hover text.
+
+    Plotly renders a subset of HTML in these strings and decodes entities, so escaping makes
+    a hostile parameter name show literally instead of being interpreted. Long text is cut.
+    """
+    s = "" if text is None else str(text)
+    if len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return html.escape(s, quote=True)
+
+
+def short(text: str, limit: int = 48) -> str:
+    """Middle-ellipsis (keeps both the module prefix and the parameter suffix), escaped."""
+    if len(text) > limit:
+        half = (limit - 1) // 2
+        text = text[:half] + "…" + text[-(limit - 1 - half):]
+    return esc(text, limit + 1)
+
+
+def figure(traces: list[dict[str, Any]], *, xtitle: str, ytitle: str,
+           **layout: Any) -> dict[str, Any]:
+    """A plotly figure spec with axis titles (with units) set."""
+    lay: dict[str, Any] = {
+        "xaxis": {"title": {"text": xtitle}},
+        "yaxis": {"title": {"text": ytitle}},
+    }
+    for k, v in layout.items():
+        if k in lay and isinstance(v, dict):
+            lay[k] = {**lay[k], **v}
+        else:
+            lay[k] = v
+    return {"data": traces, "layout": lay}
+
+
+def line(x: list[Any], y: list[Any], name: str, colour: str, *, hover: str, width: float = 1.5,
+         **kw: Any) -> dict[str, Any]:
+    """A scatter line trace (``name`` must already be escaped when untrusted)."""
+    return {"type": "scatter", "mode": "lines", "x": x, "y": y, "name": name,
+            "line": {"color": colour, "width": width}, "hovertemplate": hover, **kw}
+
+
+def flat_range(ys: list[Any]) -> list[float] | None:
+    """An explicit y range for a constant series: plotly's autorange would put a constant
+    1e-3 learning rate in a -1..1 window where it reads as 0."""
+    vals = {v for v in ys if v is not None}
+    if len(vals) != 1:
+        return None
+    v = next(iter(vals))
+    pad = abs(v) * 0.5 or 1.0
+    return [v - pad, v + pad]
+
+
+def byte_unit(max_bytes: float) -> tuple[float, str]:
+    """(divisor, unit) so that memory reads naturally: GiB from 1 GiB, else MiB."""
+    if max_bytes >= 2**30:
+        return float(2**30), "GiB"
+    if max_bytes >= 2**20:
+        return float(2**20), "MiB"
+    return 1024.0, "KiB"
+
+
+def time_unit(typical_s: float) -> tuple[float, str]:
+    """(multiplier, unit): milliseconds for sub-second steps, else seconds."""
+    return (1000.0, "ms") if typical_s < 1.0 else (1.0, "s")
+
+
+def finding_markers(findings: list[dict[str, Any]], anchor: str) -> tuple[list, list]:
+    """Vertical dotted lines (shapes, annotations) at the first step of the findings that point
+    at ``anchor``, so the chart shows where each problem starts."""
+    shapes, notes = [], []
+    for f in findings:
+        if f.get("chart") != anchor or f.get("first_step") is None:
+            continue
+        if f.get("severity") == "info":
+            continue
+        colour = SEVERITY_COLOURS.get(str(f.get("severity")), GREY)
+        x = f["first_step"]
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
+                       "y0": 0, "y1": 1, "line": {"color": colour, "width": 1.5, "dash": "dot"}})
+        notes.append({"xref": "x", "yref": "paper", "x": x, "y": 1, "yanchor": "bottom",
+                      "showarrow": False, "text": esc(f.get("id"), 40),
+                      "font": {"color": colour, "size": 11}})
+    return shapes, notes
+
+
+def spans_shapes(spans: list[tuple[int, int]], colour: str = RED) -> list[dict[str, Any]]:
+    """Translucent full-height bands over step ranges (e.g. steps with NaN/Inf)."""
+    return [{"type": "rect", "xref": "x", "yref": "paper", "x0": a - 0.5, "x1": b + 0.5,
+             "y0": 0, "y1": 1, "fillcolor": colour, "opacity": 0.18, "line": {"width": 0},
+             "layer": "below"} for a, b in spans]

@@ -1,0 +1,28 @@
+"""What every chart builder of the report needs: the connection, the rank the single-rank
+charts show, and the findings (to mark where they start)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+
+@dataclass
+class ReportContext:
+    con: duckdb.DuckDBPyConnection
+    ranks: list[int]
+    rank: int
+    """The rank the per-run charts show (the lowest; per-rank charts compare the others)."""
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    buckets: int = 1000
+    """Buckets per line chart; heatmaps and per-rank charts use fewer."""
+
+    def scalar(self, sql: str, params: list[Any] | None = None) -> Any:
+        row = self.con.execute(sql, params or []).fetchone()
+        return None if row is None else row[0]
+
+    def finding(self, fid: str) -> dict[str, Any] | None:
+        """The first finding with id ``fid`` (findings are ranked, most severe first)."""
+        return next((f for f in self.findings if f.get("id") == fid), None)

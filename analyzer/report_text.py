@@ -1,0 +1,77 @@
+"""Human-readable numbers for the report: evidence values, sizes, durations, counts."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'; keeps the sign (a shrinking counter)."""
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.3g} {unit}" if unit != "B" else f"{sign}{n:.0f} B"
+        n /= 1024
+    return f"{sign}{n:.3g} TiB"  # pragma: no cover
+
+
+def human_duration(seconds: float | None) -> str:
+    """3725 -> '1 h 2 min'; 0.0123 -> '12.3 ms'."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    s = float(seconds)
+    if s < 1:
+        return f"{s * 1000:.3g} ms"
+    if s < 60:
+        return f"{s:.3g} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60)} s"
+    if s < 86400:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60)} min"
+    return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+
+
+def human_count(n: float | None) -> str:
+    """4_000_000 -> '4.0 M' (parameter counts)."""
+    if n is None:
+        return "—"
+    n = float(n)
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.1f} {suffix}"
+    return f"{n:.0f}"
+
+
+def format_value(key: str, value: Any) -> str:
+    """An evidence value as a user would want to read it, guessing the unit from the key
+    (the detectors name them ``..._bytes``, ``..._s``, ``..._pct`` ...)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        k = key.lower()
+        if not math.isfinite(float(value)):
+            return str(value)
+        if "bytes" in k:
+            return human_bytes(value)
+        if k.endswith("_s") or k.endswith("_seconds"):
+            return human_duration(value)
+        if k.endswith(("_pct", "_percent")):
+            return f"{value:.3g}%"
+        if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
+            return f"{int(value):,}"
+        return f"{value:.4g}"
+    if isinstance(value, str):
+        return value if len(value) <= 300 else value[:299] + "…"
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 300 else text[:299] + "…"
+
+
+def format_evidence(evidence: dict[str, Any], limit: int = 12) -> list[tuple[str, str]]:
+    """(label, value) pairs of a finding's evidence, at most ``limit`` of them."""
+    out = []
+    for key, value in list(evidence.items())[:limit]:
+        out.append((str(key).replace("_", " "), format_value(str(key), value)))
+    return out
