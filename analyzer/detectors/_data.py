@@ -1,0 +1,156 @@
+"""Shared, cached queries: detectors pull small series from here instead of each scanning.
+
+Heavy aggregation stays in DuckDB: ``tensor_buckets`` scans tensor_stats once and reduces it
+to ≤ ``MAX_POINTS`` step buckets per (name, kind); per-step tables (steps, memory) are small
+enough to pull as numpy arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import Context
+
+MAX_POINTS = 1000
+"""Step buckets per tensor series in ``tensor_buckets`` (bounds the rows pulled)."""
+
+
+def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
+    """rank → steps columns as float/int arrays, sorted by step (one row per step).
+
+    NULLs become NaN; ``loss_given`` / ``grad_norm_given`` say where a value was recorded.
+    """
+
+    def load() -> dict[int, dict[str, np.ndarray]]:
+        cols = ctx.arrays(
+            "SELECT rank, step, time, duration_s, data_wait_s, loss, lr, grad_norm, "
+            "nonfinite_grads, loss_scale, amp_skipped FROM steps ORDER BY rank, step")
+        out: dict[int, dict[str, np.ndarray]] = {}
+        if not len(cols["rank"]):
+            return out
+        rank = np.asarray(cols["rank"])
+        for r in np.unique(rank):
+            sel = rank == r
+            d = {}
+            for k, v in cols.items():
+                v = v[sel]
+                if k in ("rank", "step"):
+                    d[k] = np.asarray(v, dtype=np.int64)
+                elif k == "amp_skipped":
+                    d[k] = np.asarray(np.ma.filled(v.astype(float), np.nan), dtype=np.float64)
+                else:
+                    d[k] = np.asarray(np.ma.filled(v.astype(np.float64), np.nan),
+                                      dtype=np.float64)
+                if k in ("loss", "grad_norm"):
+                    # NULL (not recorded) and NaN (training produced NaN) differ: keep both
+                    d[k + "_given"] = ~np.ma.getmaskarray(v)
+            out[int(r)] = d
+        return out
+
+    return ctx.cached("steps", load)
+
+
+def primary_rank(ctx: Context, column: str = "loss") -> int | None:
+    """Lowest rank with any finite value in ``column`` of steps (loss is per-rank anyway)."""
+    for r, d in sorted(steps(ctx).items()):
+        if np.isfinite(d[column]).any():
+            return r
+    return None
+
+
+def tensor_rank(ctx: Context) -> int | None:
+    """The rank whose tensor statistics the per-layer detectors use (lowest present)."""
+    def load() -> int | None:
+        row = ctx.rows("SELECT min(rank) FROM tensor_stats")
+        return None if row[0][0] is None else int(row[0][0])
+
+    return ctx.cached("tensor_rank", load)
+
+
+def tensor_buckets(ctx: Context) -> dict[str, Any]:
+    """One scan of tensor_stats (one rank) → per (name, kind, bucket) aggregates.
+
+    Columns: name, kind, bucket, step0 (first step in bucket), n, log_norm (mean ln norm over
+    finite positive norms), n_zero (norm == 0), n_nonfinite, first_nonfinite (step),
+    log_ratio (mean ln ratio, ratio > 0), n_ratio_zero, zero_frac (mean). Plus ``bucket_size``.
+    """
+
+    def load() -> dict[str, Any]:
+        r = tensor_rank(ctx)
+        if r is None:
+            return {"bucket_size": 1, "name": np.array([], dtype=object)}
+        lo, hi = ctx.rows("SELECT min(step), max(step) FROM tensor_stats WHERE rank = ?", [r])[0]
+        span = int(hi - lo + 1) if lo is not None else 1
+        size = max(1, -(-span // MAX_POINTS))
+        cols = ctx.arrays(
+            f"""
+            SELECT name, kind, (step - {int(lo or 0)}) // {size} AS bucket,
+                   min(step) AS step0, count(*) AS n,
+                   avg(ln(norm::DOUBLE)) FILTER (WHERE isfinite(norm) AND norm > 0) AS log_norm,
+                   count(*) FILTER (WHERE norm = 0) AS n_zero,
+                   count(*) FILTER (WHERE NOT isfinite(norm) OR nonfinite > 0) AS n_nonfinite,
+                   min(step) FILTER (WHERE NOT isfinite(norm) OR nonfinite > 0)
+                       AS first_nonfinite,
+                   avg(ln(ratio::DOUBLE)) FILTER (WHERE isfinite(ratio) AND ratio > 0)
+                       AS log_ratio,
+                   count(*) FILTER (WHERE ratio = 0) AS n_ratio_zero,
+                   avg(zero_frac) AS zero_frac
+            FROM tensor_stats WHERE rank = {r}
+            GROUP BY ALL ORDER BY name, kind, bucket
+            """)
+        out: dict[str, Any] = {"bucket_size": size}
+        for k, v in cols.items():
+            if k in ("name", "kind"):
+                out[k] = np.asarray(v, dtype=object)
+            else:
+                out[k] = np.asarray(np.ma.filled(v.astype(np.float64), np.nan), np.float64)
+        return out
+
+    return ctx.cached("tensor_buckets", load)
+
+
+def series_of(ctx: Context, kind: str) -> dict[str, dict[str, np.ndarray]]:
+    """name → that kind's bucket columns (from :func:`tensor_buckets`), in bucket order."""
+
+    def load() -> dict[str, dict[str, np.ndarray]]:
+        tb = tensor_buckets(ctx)
+        if not len(tb["name"]):
+            return {}
+        sel = tb["kind"] == kind
+        names = tb["name"][sel]
+        out: dict[str, dict[str, np.ndarray]] = {}
+        if not len(names):
+            return out
+        # rows are ordered by name, kind, bucket: split where the name changes
+        cut = np.flatnonzero(names[1:] != names[:-1]) + 1
+        starts = np.concatenate([[0], cut])
+        ends = np.concatenate([cut, [len(names)]])
+        idx = np.flatnonzero(sel)
+        for a, b in zip(starts, ends, strict=True):
+            rows = idx[a:b]
+            out[str(names[a])] = {k: v[rows] for k, v in tb.items()
+                                  if k not in ("name", "kind", "bucket_size")}
+        return out
+
+    return ctx.cached(f"series:{kind}", load)
+
+
+def model_order(ctx: Context, kind: str = "grad") -> list[str]:
+    """Tensor names of ``kind`` in order of first appearance in tensor_stats (model order)."""
+
+    def load() -> list[str]:
+        r = tensor_rank(ctx)
+        if r is None:
+            return []
+        rows = ctx.rows(
+            "SELECT name, min(step) AS s, min(file_row_number) AS fr FROM ("
+            "  SELECT name, step, row_number() OVER () AS file_row_number FROM tensor_stats"
+            "  WHERE rank = ? AND kind = ? AND step <= (SELECT min(step) + 1 FROM tensor_stats"
+            "  WHERE rank = ? AND kind = ?)) GROUP BY name ORDER BY s, fr", [r, kind, r, kind])
+        seen = [str(n) for n, _, _ in rows]
+        rest = sorted(set(series_of(ctx, kind)) - set(seen))
+        return seen + rest
+
+    return ctx.cached(f"order:{kind}", load)

@@ -1,0 +1,128 @@
+"""gradient_explosion: sustained geometric growth of the total or a layer's gradient norm.
+
+Works on log norms: geometric growth is a straight rising line there. A rise of
+ln(factor) of the smoothed log norm above its minimum over the previous ``window`` steps that
+is sustained (or ends in NaN/Inf) is an explosion; its onset is that minimum, which is
+typically many steps before the first NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..findings import Finding
+from . import _data, _stats
+from .base import Context
+
+ID = "gradient_explosion"
+DEFAULTS: dict[str, Any] = {
+    "factor": 10.0,        # the norm grows at least this many times ...
+    "window": 50,          # ... within this many steps
+    "smooth": 3,           # rolling-median points before looking (one noisy step is not growth)
+    "sustain": 3,          # and stays above half that rise for this many points (or goes NaN)
+    "min_up_frac": 0.6,    # share of rising steps between onset and crossing
+    "warmup_steps": 3,     # ignore the first steps (norms settle after init)
+    "min_points": 8,
+}
+DOC = {
+    "meaning": "Gradient norms grow geometrically (total or one layer): training is blowing up.",
+    "rule": "smoothed log grad norm rises by ln(factor) above its minimum over the previous "
+            "window steps, mostly monotonically (min_up_frac), and stays up for sustain points "
+            "or turns nonfinite; first_step is the onset (that minimum).",
+    "fixes": "Lower the learning rate, add gradient clipping (clip_grad_norm_), LR warm-up, "
+             "normalisation layers, check the loss scale with fp16.",
+}
+
+
+def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
+                   th: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Onset/crossing of a sustained rise in a log-norm series (NaN = missing point)."""
+    ok = np.isfinite(logn)
+    step, x = step[ok], logn[ok]
+    keep = step >= (step[0] + th["warmup_steps"] if len(step) else 0)
+    step, x = step[keep], x[keep]
+    if len(x) < th["min_points"]:
+        return None
+    xs = _stats.rolling_median(x, int(th["smooth"]))
+    w = max(2, int(window_pts))
+    pad = np.concatenate([np.full(w, np.inf), xs])
+    win = np.lib.stride_tricks.sliding_window_view(pad, w + 1)[:, :-1]  # previous w points
+    lo = win.min(axis=1)
+    lo_at = win.argmin(axis=1) - w + np.arange(len(xs))  # index of that minimum
+    need = math.log(float(th["factor"]))
+    for i in np.flatnonzero(xs - lo >= need):
+        j = int(lo_at[i])
+        if j < 0:
+            continue
+        seg = x[j:i + 1]
+        up = float(np.mean(np.diff(seg) > 0)) if len(seg) > 1 else 0.0
+        if up < th["min_up_frac"]:
+            continue
+        rest = xs[i:i + int(th["sustain"])]
+        sustained = bool(np.all(rest >= lo[i] + need / 2)) and (
+            len(rest) >= th["sustain"] or ends_nonfinite or i + len(rest) == len(xs))
+        if not sustained:
+            continue
+        slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
+        return {"onset": int(step[j]), "cross": int(step[i]), "from": float(math.exp(x[j])),
+                "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
+                "max": float(math.exp(np.max(x)))}
+    return None
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    total = None
+    r = _data.primary_rank(ctx, "grad_norm")
+    if r is not None:
+        d = _data.steps(ctx)[r]
+        g = d["grad_norm"]
+        given = d["grad_norm_given"]
+        with np.errstate(all="ignore"):
+            logn = np.where(given & np.isfinite(g) & (g > 0), np.log(g), np.nan)
+        bad = np.flatnonzero(given & ~np.isfinite(g))
+        cut = bad[0] if len(bad) else len(g)
+        total = find_explosion(d["step"][:cut], logn[:cut], bool(len(bad)), int(th["window"]),
+                               th)
+        if total is not None:
+            total["first_nonfinite"] = int(d["step"][bad[0]]) if len(bad) else None
+    layers = []
+    tb = _data.tensor_buckets(ctx)
+    size = tb["bucket_size"]
+    for name, s in _data.series_of(ctx, "grad").items():
+        bad = np.flatnonzero(s["n_nonfinite"] > 0)
+        cut = bad[0] if len(bad) else len(s["step0"])
+        res = find_explosion(s["step0"][:cut].astype(np.int64), s["log_norm"][:cut],
+                             bool(len(bad)), max(2, int(th["window"]) // size), th)
+        if res is not None:
+            res["name"] = name
+            res["first_nonfinite"] = int(s["first_nonfinite"][bad[0]]) if len(bad) else None
+            layers.append(res)
+    if total is None and not layers:
+        return []
+    order = {n: i for i, n in enumerate(_data.model_order(ctx, "grad"))}
+    layers.sort(key=lambda x: (x["onset"], order.get(x["name"], 1 << 30)))
+    main = total if total is not None else layers[0]
+    first = min([main["onset"]] + [x["onset"] for x in layers])
+    subject = layers[0]["name"] if layers else "grad_norm"
+    what = "total gradient norm" if total is not None else f"gradient norm of {subject}"
+    nan_at = main.get("first_nonfinite")
+    msg = (f"The {what} grew from {main['from']:.3g} at step {main['onset']} to "
+           f"{main['to']:.3g} by step {main['cross']} (×{main['per_step']:.3g} per step)"
+           + (f", and went nonfinite at step {nan_at}" if nan_at is not None else "") + ".")
+    if layers:
+        msg += (f" {len(layers)} layer(s) explode, earliest {layers[0]['name']} from step "
+                f"{layers[0]['onset']}.")
+    return [Finding(
+        id=ID, severity="error", subject=subject, first_step=int(first),
+        title=f"Gradient explosion from step {first}",
+        message=msg, advice=DOC["fixes"], chart="grad-heatmap",
+        evidence={"onset_step": main["onset"], "crossing_step": main["cross"],
+                  "norm_at_onset": main["from"], "norm_at_crossing": main["to"],
+                  "growth_per_step": main["per_step"], "max_norm": main["max"],
+                  "first_nonfinite_step": nan_at, "total_norm_exploded": total is not None,
+                  "layers": [x["name"] for x in layers[:10]],
+                  "layers_exploding": len(layers)})]

@@ -1,0 +1,85 @@
+"""loss_plateau: the loss has not decreased significantly over a window (cf. SageMaker
+Debugger's LossNotDecreasing). A plateau covering most of the run means it never learned
+(warning); a late plateau after real progress is normal convergence (info)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..findings import Finding
+from . import _data, _stats
+from .base import Context
+
+ID = "loss_plateau"
+DEFAULTS: dict[str, Any] = {
+    "min_steps": 50,            # need at least this many loss values
+    "window_frac": 0.2,         # a plateau lasts at least this share of the run ...
+    "window_min": 30,           # ... and at least this many steps
+    "min_rel_decrease": 0.01,   # decrease < 1% of the loss level counts as "not decreasing"
+    "max_p": 0.01,              # ... unless a Mann–Kendall test says it falls significantly
+    "warn_frac": 0.8,           # plateau over ≥ this share of the run → warning, else info
+    "points": 200,              # the series is reduced to this many window medians
+}
+DOC = {
+    "meaning": "The loss stopped decreasing (or never did).",
+    "rule": "the longest tail of the run where the loss (window medians) fell by less than "
+            "min_rel_decrease of its level, or did not fall significantly (Mann–Kendall "
+            "p ≥ max_p); warning when it covers ≥ warn_frac of the run, else info.",
+    "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
+             "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
+             "it stalled late: LR decay/schedule, a larger model, or stop early.",
+}
+
+
+def _decreasing(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+    """Does the reduced series y fall meaningfully and significantly?"""
+    k = max(1, len(y) // 5)
+    drop = float(np.median(y[:k]) - np.median(y[-k:]))
+    level = max(float(np.median(np.abs(y))), 1e-12)
+    if drop < th["min_rel_decrease"] * level:
+        return False
+    z, p = _stats.mann_kendall(y)
+    return z < 0 and p < th["max_p"]
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    r = _data.primary_rank(ctx, "loss")
+    if r is None:
+        return []
+    d = _data.steps(ctx)[r]
+    ok = np.isfinite(d["loss"])
+    step, loss = d["step"][ok], d["loss"][ok]
+    if len(loss) < th["min_steps"]:
+        return []
+    x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th["points"]), how="median")
+    npts = len(x)
+    span = float(step[-1] - step[0]) or 1.0
+    min_len = max(float(th["window_frac"]) * span, float(th["window_min"]))
+    # smallest start index i whose tail [i:] is long enough and not decreasing
+    plateau_i = None
+    for i in range(npts):
+        if x[-1] - x[i] < min_len or npts - i < 6:
+            break
+        if not _decreasing(y[i:], th):
+            plateau_i = i
+            break
+    if plateau_i is None:
+        return []
+    first = int(x[plateau_i])
+    frac = (step[-1] - first) / span
+    sev = "warning" if frac >= th["warn_frac"] else "info"
+    level = float(np.median(y[plateau_i:]))
+    never = sev == "warning"
+    title = "Loss is not decreasing" if never else "Loss has plateaued"
+    return [Finding(
+        id=ID, severity=sev, subject="loss", first_step=first, title=title,
+        message=(f"From step {first} to {int(step[-1])} ({100 * frac:.0f}% of the run) the "
+                 f"loss stayed around {level:.4g} without a significant decrease (less than "
+                 f"{100 * th['min_rel_decrease']:.0f}% or not significant)."
+                 + (" The model does not seem to learn." if never else "")),
+        advice=DOC["fixes"], chart="loss",
+        evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),
+                  "level": level, "rank": r})]

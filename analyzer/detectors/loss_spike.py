@@ -1,0 +1,71 @@
+"""loss_spike: single steps whose loss jumps far above the local level (median/MAD)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..findings import Finding
+from . import _data, _stats
+from .base import Context
+
+ID = "loss_spike"
+DEFAULTS: dict[str, Any] = {
+    "window": 51,          # centred rolling-median window (steps) for the local level
+    "z": 8.0,              # spike: loss − local median > z × robust σ of the residuals ...
+    "min_rel_jump": 0.5,   # ... and > this × |local median| (ignores noise on tiny losses)
+    "min_steps": 30,
+    "error_count": 10,     # this many spikes → error instead of warning
+}
+DOC = {
+    "meaning": "Individual steps where the loss jumps far above its local level.",
+    "rule": "residual to a centred rolling median (window) exceeds z robust σ (1.4826·MAD of "
+            "the residuals) and min_rel_jump × the local level.",
+    "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
+             "(the spike steps' data), use a larger batch or loss scaling with AMP.",
+}
+
+
+def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(spike indices, local median, residual, σ) over the finite part of the series."""
+    base = _stats.rolling_median(loss, int(th["window"]))
+    resid = loss - base
+    sigma = _stats.mad_sigma(resid)
+    floor = float(th["min_rel_jump"]) * np.abs(base)
+    with np.errstate(invalid="ignore"):
+        hit = np.isfinite(loss) & (resid > th["z"] * max(sigma, 1e-12)) & (resid > floor)
+    return np.flatnonzero(hit), base, resid, sigma
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    r = _data.primary_rank(ctx, "loss")
+    if r is None:
+        return []
+    d = _data.steps(ctx)[r]
+    ok = np.isfinite(d["loss"])
+    step, loss = d["step"][ok], d["loss"][ok]
+    if len(loss) < th["min_steps"]:
+        return []
+    idx, base, resid, sigma = find_spikes(step, loss, th)
+    if not len(idx):
+        return []
+    worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
+    first = idx[0]
+    spikes = [int(s) for s in step[idx][:20]]
+    sev = "error" if len(idx) >= th["error_count"] else "warning"
+    return [Finding(
+        id=ID, severity=sev, subject="loss", first_step=int(step[first]),
+        title=f"{len(idx)} loss spike{'s' if len(idx) > 1 else ''}",
+        message=(f"The loss jumped far above its local level at {len(idx)} step(s), first at "
+                 f"step {int(step[first])} ({loss[first]:.4g} vs local median "
+                 f"{base[first]:.4g}); the largest at step {int(step[worst])} "
+                 f"({loss[worst]:.4g} vs {base[worst]:.4g}, "
+                 f"{resid[worst] / max(sigma, 1e-12):.0f} robust σ)."),
+        advice=DOC["fixes"], chart="loss",
+        evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
+                  "first_loss": float(loss[first]), "first_local_median": float(base[first]),
+                  "worst_step": int(step[worst]), "worst_loss": float(loss[worst]),
+                  "robust_sigma": sigma})]

@@ -1,0 +1,135 @@
+"""memory_leak: the per-step memory floor keeps rising after warm-up.
+
+Why the floor: memory within a step swings with activations and the allocator's caching;
+the minimum over a window of steps is what survives every step, and a leak raises exactly
+that. The slope is Theil–Sen (robust to a few spikes) over window floors, its significance a
+Mann–Kendall test; a practical size threshold keeps tiny slow drifts out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..findings import Finding
+from . import _stats
+from .base import Context
+
+ID = "memory_leak"
+ALIASES = ("leak",)
+DEFAULTS: dict[str, Any] = {
+    "warmup_frac": 0.1,          # skip this share of the steps (allocator/caches settle) ...
+    "warmup_steps": 10,          # ... and at least this many steps
+    "min_steps": 30,             # need this many memory samples after warm-up
+    "windows": 50,               # number of step windows whose floor (min) is fitted
+    "min_slope_bytes": 4096,     # ignore slopes below this many bytes per step ...
+    "min_growth_bytes": 33554432,  # ... or a total floor growth below 32 MiB ...
+    "min_growth_frac": 0.05,     # ... or below 5% of the starting floor
+    "max_p": 0.001,              # Mann–Kendall p-value for a significant rise
+    "tail_ratio": 0.3,           # still rising at the end: last-half slope ≥ this × slope
+}
+DOC = {
+    "meaning": "Memory that survives every step keeps growing (host RSS or CUDA allocated).",
+    "rule": "Theil–Sen slope of the per-window memory floor after warm-up is positive, "
+            "significant (Mann–Kendall p < max_p), still rising in the last half, and the "
+            "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
+            "the device capacity is known.",
+    "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
+             "clear caches/lists that grow per step, check DataLoader worker copies.",
+}
+COUNTERS = ("rss_bytes", "cuda_allocated_bytes")
+
+
+def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any]) -> dict[str, Any] | None:
+    ok = np.isfinite(val)
+    step, val = step[ok], val[ok]
+    if len(step) < th["min_steps"]:
+        return None
+    skip = max(int(th["warmup_steps"]), int(len(step) * float(th["warmup_frac"])))
+    keep = step >= step[0] + skip
+    s, v = step[keep], val[keep]
+    if len(s) < th["min_steps"]:
+        return None
+    x, y = _stats.bucket_series(s.astype(np.float64), v, int(th["windows"]), how="min")
+    if len(x) < 6:
+        return None
+    slope, _ = _stats.theil_sen(x, y)
+    z, p = _stats.mann_kendall(y)
+    growth = float(slope * (s[-1] - s[0]))
+    start = float(np.median(y[:3]))
+    half = len(x) // 2
+    tail_slope, _ = _stats.theil_sen(x[half:], y[half:])
+    if not (slope >= th["min_slope_bytes"] and z > 0 and p < th["max_p"]
+            and growth >= th["min_growth_bytes"]
+            and growth >= th["min_growth_frac"] * max(start, 1.0)
+            and tail_slope >= th["tail_ratio"] * slope):
+        return None
+    # onset: first window whose floor clears the starting level by a robust noise margin
+    noise = _stats.mad_sigma(np.diff(y))
+    margin = max(3 * noise, 0.5 * slope * (x[1] - x[0]) if len(x) > 1 else 0.0)
+    above = np.flatnonzero(y > start + margin)
+    first = int(x[max(0, above[0] - 1)]) if len(above) else int(s[0])
+    return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
+            "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    cols = ctx.arrays(
+        "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, "
+        "cuda_allocated_bytes::DOUBLE AS cuda_allocated_bytes, "
+        "cuda_total_bytes::DOUBLE AS cuda_total_bytes FROM memory "
+        "WHERE step IS NOT NULL ORDER BY rank, step")
+    if not len(cols["rank"]):
+        return []
+    rank = np.asarray(cols["rank"])
+    out = []
+    device_total = ((ctx.run.meta.get("device") or {}).get("total_memory_bytes"))
+    for counter in COUNTERS:
+        best: tuple[int, dict[str, Any]] | None = None
+        leaking = []
+        for r in np.unique(rank):
+            sel = rank == r
+            vals = np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64)
+            res = _analyse(np.asarray(cols["step"][sel], np.int64), vals, th)
+            if res is None:
+                continue
+            leaking.append(int(r))
+            if best is None or res["slope"] > best[1]["slope"]:
+                totals = np.asarray(np.ma.filled(cols["cuda_total_bytes"][sel], np.nan))
+                res["total"] = (float(np.nanmax(totals)) if np.isfinite(totals).any()
+                                else (float(device_total) if device_total else None))
+                best = (int(r), res)
+        if best is None:
+            continue
+        r, res = best
+        ev: dict[str, Any] = {
+            "slope_bytes_per_step": round(res["slope"], 1),
+            "growth_bytes": int(res["growth"]), "floor_start_bytes": int(res["start"]),
+            "floor_end_bytes": int(res["end"]), "p_value": res["p"],
+            "steps_analysed": res["steps"], "rank": r, "ranks_leaking": leaking,
+        }
+        severity = "error"
+        oom = ""
+        if counter == "cuda_allocated_bytes" and res.get("total"):
+            left = (res["total"] - res["end"]) / res["slope"]
+            ev["capacity_bytes"] = int(res["total"])
+            ev["projected_steps_to_oom"] = int(max(0.0, left))
+            ev["projected_oom_step"] = int(res["last_step"] + max(0.0, left))
+            oom = (f" At this rate the GPU ({_stats.fmt_bytes(res['total'])}) runs out in "
+                   f"about {int(max(0.0, left)):,} steps (step {ev['projected_oom_step']:,}).")
+            if left <= res["steps"]:
+                severity = "critical"
+        what = "host RSS" if counter == "rss_bytes" else "CUDA allocated memory"
+        out.append(Finding(
+            id=ID, severity=severity, subject=counter, first_step=res["first_step"],
+            title=f"{what} grows {_stats.fmt_bytes(res['slope'])} per step",
+            message=(f"The per-step floor of {what} on rank {r} rose from "
+                     f"{_stats.fmt_bytes(res['start'])} to {_stats.fmt_bytes(res['end'])} "
+                     f"({_stats.fmt_bytes(res['growth'])} over {res['steps']:,} steps after "
+                     f"warm-up, Theil–Sen slope {_stats.fmt_bytes(res['slope'])}/step, "
+                     f"Mann–Kendall p={res['p']:.1e}), rising since about step "
+                     f"{res['first_step']}." + oom),
+            advice=DOC["fixes"], evidence=ev, chart="memory"))
+    return out

@@ -1,0 +1,128 @@
+"""nonfinite: where NaN/Inf first appeared (DESIGN.md rule).
+
+Subject, in order of preference: the module whose activation went nonfinite first at the
+first nonfinite step (lowest ``seq``: post-order, so its inputs came from modules that had
+finished with finite outputs); ``input`` when an event or a watch row says the batch itself was
+nonfinite; else the first parameter in model order whose gradient went nonfinite; else
+``loss``. With a GradScaler, occasional inf gradients on skipped steps are normal and only
+reported as info unless frequent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..findings import Finding
+from . import _data
+from .base import Context
+
+ID = "nonfinite"
+DEFAULTS: dict[str, Any] = {
+    "amp_skip_frac": 0.05,   # with AMP, more than this share of skipped steps → warning
+}
+DOC = {
+    "meaning": "NaN or Inf appeared in the loss, gradients or activations.",
+    "rule": "first step with a nonfinite loss, gradient norm, nonfinite_grads > 0, tensor "
+            "norm/nonfinite count or nonfinite event; subject = first module whose output went "
+            "nonfinite (activation stats), 'input' for a nonfinite batch, else the first "
+            "parameter (model order) with a nonfinite gradient. AMP overflow skips are info.",
+    "fixes": "Lower the learning rate, clip gradients, guard log/sqrt/div with eps, check the "
+             "input batch at that step, use bf16 or a GradScaler with fp16.",
+}
+_INPUT_NAMES = ("input", "inputs", "batch", "data")
+
+
+def _first_steps(ctx: Context) -> dict[str, Any]:
+    """First nonfinite step per source, computed in SQL over all ranks."""
+    q = {}
+    q["loss"] = ctx.rows("SELECT min(step) FROM steps WHERE loss IS NOT NULL "
+                         "AND NOT isfinite(loss)")[0][0]
+    q["grad_step"] = ctx.rows(
+        "SELECT min(step) FROM steps WHERE nonfinite_grads > 0 OR (grad_norm IS NOT NULL "
+        "AND NOT isfinite(grad_norm))")[0][0]
+    q["grad"] = ctx.rows(
+        "SELECT min(step) FROM tensor_stats WHERE kind = 'grad' AND "
+        "(NOT isfinite(norm) OR nonfinite > 0)")[0][0]
+    q["activation"] = ctx.rows(
+        "SELECT min(step) FROM tensor_stats WHERE kind IN ('activation', 'watch') AND "
+        "(NOT isfinite(norm) OR nonfinite > 0)")[0][0]
+    q["event"] = ctx.rows(
+        "SELECT min(step) FROM events WHERE kind = 'nonfinite' AND step IS NOT NULL")[0][0]
+    return q
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    q = _first_steps(ctx)
+    candidates = [v for v in q.values() if v is not None]
+    if not candidates:
+        return []
+    first = int(min(candidates))
+    ev: dict[str, Any] = {k + "_first_step": (int(v) if v is not None else None)
+                          for k, v in q.items()}
+    subject = None
+    where = ""
+    # 1. a nonfinite input batch (event subject or watch/activation row named like the input)
+    inp = ctx.rows(
+        "SELECT min(step) FROM events WHERE kind = 'nonfinite' AND lower(subject) IN "
+        f"{_INPUT_NAMES!r} UNION ALL SELECT min(step) FROM tensor_stats "
+        f"WHERE kind IN ('watch', 'activation') AND lower(name) IN {_INPUT_NAMES!r} "
+        "AND (NOT isfinite(norm) OR nonfinite > 0)")
+    inp_steps = [s for (s,) in inp if s is not None]
+    if inp_steps and min(inp_steps) <= first:
+        subject, where = "input", "the input batch was already nonfinite"
+    # 2. the first module (post-order seq) whose activation went nonfinite at the first step
+    if subject is None and q["activation"] is not None and q["activation"] <= first:
+        row = ctx.rows(
+            "SELECT name, rank, seq FROM tensor_stats WHERE step = ? AND kind = 'activation' "
+            "AND (NOT isfinite(norm) OR nonfinite > 0) ORDER BY rank, seq NULLS LAST LIMIT 1",
+            [q["activation"]])
+        if row:
+            subject = str(row[0][0])
+            ev["module_seq"] = row[0][2]
+            where = f"the output of module {subject} went nonfinite first"
+    # 3. an event that names its subject (recorder's nonfinite event)
+    if subject is None and q["event"] is not None and q["event"] <= first:
+        row = ctx.rows("SELECT subject FROM events WHERE kind = 'nonfinite' AND step = ? "
+                       "AND subject IS NOT NULL ORDER BY time LIMIT 1", [q["event"]])
+        if row:
+            subject = str(row[0][0])
+            where = f"a nonfinite event names {subject}"
+    # 4. the first parameter in model order whose gradient went nonfinite
+    if subject is None and q["grad"] is not None:
+        bad = {str(n) for (n,) in ctx.rows(
+            "SELECT DISTINCT name FROM tensor_stats WHERE step = ? AND kind = 'grad' AND "
+            "(NOT isfinite(norm) OR nonfinite > 0)", [q["grad"]])}
+        order = [n for n in _data.model_order(ctx, "grad") if n in bad] or sorted(bad)
+        subject = order[0]
+        ev["nonfinite_params_at_first_step"] = len(bad)
+        where = f"the gradient of {subject} went nonfinite first"
+        first = min(first, int(q["grad"]))
+    if subject is None:
+        subject = "loss" if q["loss"] is not None and q["loss"] <= first else "grad_norm"
+        where = f"the {subject} went nonfinite"
+
+    # AMP: nonfinite grads on steps the GradScaler skipped, with a finite loss, are expected
+    amp = ctx.rows("SELECT count(*) FILTER (WHERE amp_skipped), count(amp_skipped), "
+                   "count(*) FROM steps")[0]
+    if q["loss"] is None and amp[1] and q["activation"] is None:
+        skip_frac = amp[0] / max(amp[1], 1)
+        ev["amp_skipped_steps"] = int(amp[0])
+        if skip_frac <= th["amp_skip_frac"]:
+            return [Finding(
+                id=ID, severity="info", subject=subject, first_step=first,
+                title="Gradient overflows skipped by the GradScaler",
+                message=(f"{amp[0]} step(s) ({100 * skip_frac:.1f}%) had nonfinite gradients "
+                         f"and were skipped by the loss scaler, first at step {first}; the "
+                         "loss stayed finite. This is normal with fp16 mixed precision."),
+                advice="Nothing to do unless it becomes frequent.", evidence=ev)]
+        sev = "warning"
+    else:
+        sev = "critical" if q["loss"] is not None else "error"
+    return [Finding(
+        id=ID, severity=sev, subject=subject, first_step=first,
+        title=f"NaN/Inf first appeared at step {first} in {subject}",
+        message=(f"Nonfinite values appeared at step {first}: {where}."
+                 + (f" The loss went nonfinite at step {q['loss']}."
+                    if q["loss"] is not None else "")),
+        advice=DOC["fixes"], evidence=ev, chart="grad-heatmap")]

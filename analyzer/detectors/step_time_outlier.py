@@ -1,0 +1,65 @@
+"""step_time_outlier: steps far slower than the typical step (median/MAD)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..findings import Finding
+from . import _data, _stats
+from .base import Context
+
+ID = "step_time_outlier"
+DEFAULTS: dict[str, Any] = {
+    "warmup_steps": 3,        # compilation / cudnn autotune / first batches are slow
+    "z": 6.0,                 # outlier: duration − median > z × robust σ ...
+    "min_rel": 0.5,           # ... and > (1 + min_rel) × median
+    "warn_time_share": 0.1,   # warning when outliers cost ≥ this share of the run's time
+    "min_steps": 20,
+}
+DOC = {
+    "meaning": "Some steps take much longer than the rest (stalls, GC, checkpoints, syncs).",
+    "rule": "after warm-up, duration − median > z × 1.4826·MAD and > min_rel × median; info "
+            "unless the excess time of the outliers is ≥ warn_time_share of the total.",
+    "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
+             ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
+}
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    best = None
+    for r, d in _data.steps(ctx).items():
+        sel = (d["step"] >= d["step"][0] + th["warmup_steps"]) & np.isfinite(d["duration_s"])
+        if sel.sum() < th["min_steps"]:
+            continue
+        dur, step = d["duration_s"][sel], d["step"][sel]
+        med = float(np.median(dur))
+        sigma = _stats.mad_sigma(dur)
+        out = (dur - med > th["z"] * max(sigma, 1e-9)) & (dur > (1 + th["min_rel"]) * med)
+        if not out.any():
+            continue
+        excess = float((dur[out] - med).sum())
+        share = excess / float(dur.sum())
+        if best is None or share > best["share"]:
+            best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
+                    "steps": step[out], "durs": dur[out]}
+    if best is None:
+        return []
+    sev = "warning" if best["share"] >= th["warn_time_share"] else "info"
+    n = len(best["steps"])
+    i = int(np.argmax(best["durs"]))
+    return [Finding(
+        id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=int(best["steps"][0]),
+        title=f"{n} slow step{'s' if n > 1 else ''} (up to {best['durs'][i] / best['med']:.1f}×"
+              f" the median)",
+        message=(f"{n} step(s) on rank {best['rank']} took far longer than the median "
+                 f"{1e3 * best['med']:.1f} ms, the slowest step {int(best['steps'][i])} "
+                 f"{1e3 * best['durs'][i]:.0f} ms; together they cost "
+                 f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)."),
+        advice=DOC["fixes"], chart="step-time",
+        evidence={"count": n, "outlier_steps": [int(s) for s in best["steps"][:20]],
+                  "median_s": best["med"], "robust_sigma_s": best["sigma"],
+                  "max_s": float(best["durs"][i]), "excess_s": best["excess"],
+                  "time_share": best["share"], "rank": best["rank"]})]

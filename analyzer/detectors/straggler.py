@@ -1,0 +1,96 @@
+"""straggler: one rank is consistently slower than the others.
+
+In synchronous data parallel training the ranks' step times equalise at the collective, so
+the slow rank shows in what differs: its own step time when ranks are not synchronised, or
+its data wait / the others' wait. Both are compared per step, rank against the median of
+the other ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..findings import Finding
+from . import _data
+from .base import Context
+
+ID = "straggler"
+DEFAULTS: dict[str, Any] = {
+    "warmup_steps": 3,
+    "min_rel_slowdown": 0.2,   # rank's median step ≥ (1 + this) × the others' median
+    "min_wait_share": 0.2,     # or its data wait exceeds the others' by this share of a step
+    "min_consistency": 0.7,    # and it is slower on ≥ this share of the common steps
+    "min_steps": 10,
+}
+DOC = {
+    "meaning": "One rank is consistently slower than the others and holds everyone back.",
+    "rule": "per common step, a rank's duration_s (or data_wait_s) vs the median of the other "
+            "ranks: median slowdown ≥ min_rel_slowdown (or extra wait ≥ min_wait_share of the "
+            "step) and slower on ≥ min_consistency of the steps.",
+    "fixes": "Check that rank's host/GPU (thermal throttling, other jobs, slower node), its "
+             "data shard (bigger samples, slow storage), uneven sharding, CPU affinity.",
+}
+
+
+def _aligned(per_rank: dict[int, dict[str, np.ndarray]], col: str, th: Mapping[str, Any]
+             ) -> tuple[list[int], np.ndarray, np.ndarray]:
+    ranks = sorted(per_rank)
+    common = None
+    for r in ranks:
+        d = per_rank[r]
+        ok = np.isfinite(d[col]) & (d["step"] >= d["step"][0] + th["warmup_steps"])
+        s = d["step"][ok]
+        common = s if common is None else np.intersect1d(common, s)
+    if common is None or len(common) == 0:
+        return ranks, np.empty(0, np.int64), np.empty((len(ranks), 0))
+    m = np.empty((len(ranks), len(common)))
+    for i, r in enumerate(ranks):
+        d = per_rank[r]
+        idx = np.searchsorted(d["step"], common)
+        m[i] = d[col][idx]
+    return ranks, common, m
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    per_rank = _data.steps(ctx)
+    if len(per_rank) < 2:
+        return []
+    found = []
+    ranks, steps, dur = _aligned(per_rank, "duration_s", th)
+    if len(steps) >= th["min_steps"]:
+        for i, r in enumerate(ranks):
+            others = np.median(np.delete(dur, i, axis=0), axis=0)
+            slow = float(np.median(dur[i]) / max(np.median(others), 1e-12)) - 1
+            consistent = float(np.mean(dur[i] > others))
+            if slow >= th["min_rel_slowdown"] and consistent >= th["min_consistency"]:
+                found.append((slow, r, "step time", consistent, float(np.median(dur[i])),
+                              float(np.median(others)), steps))
+    ranks_w, steps_w, wait = _aligned(per_rank, "data_wait_s", th)
+    if len(steps_w) >= th["min_steps"] and not found:
+        _, _steps_d, dur_w = _aligned(per_rank, "duration_s", th)
+        step_med = float(np.median(dur_w)) if dur_w.size else 0.0
+        for i, r in enumerate(ranks_w):
+            others = np.median(np.delete(wait, i, axis=0), axis=0)
+            extra = float(np.median(wait[i] - others))
+            consistent = float(np.mean(wait[i] > others))
+            if step_med > 0 and extra / step_med >= th["min_wait_share"] \
+                    and consistent >= th["min_consistency"]:
+                found.append((extra / step_med, r, "data wait", consistent,
+                              float(np.median(wait[i])), float(np.median(others)), steps_w))
+    if not found:
+        return []
+    found.sort(reverse=True)
+    rel, r, what, consistent, mine, theirs, steps = found[0]
+    return [Finding(
+        id=ID, severity="warning", subject=f"rank {r}", first_step=int(steps[0]),
+        title=f"Rank {r} is a straggler ({what})",
+        message=(f"Rank {r}'s median {what} is {1e3 * mine:.1f} ms vs {1e3 * theirs:.1f} ms "
+                 f"on the other ranks (+{100 * rel:.0f}%), slower on "
+                 f"{100 * consistent:.0f}% of {len(steps)} common steps."),
+        advice=DOC["fixes"], chart="step-time",
+        evidence={"rank": r, "metric": what, "median_s": mine, "others_median_s": theirs,
+                  "relative": rel, "consistency": consistent,
+                  "stragglers": sorted({x[1] for x in found})})]

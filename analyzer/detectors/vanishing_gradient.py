@@ -1,0 +1,111 @@
+"""vanishing_gradient: a layer's gradient is tiny relative to its weights and to the other
+layers, consistently over the later part of the run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..findings import Finding
+from . import _data
+from .base import Context
+
+ID = "vanishing_gradient"
+DEFAULTS: dict[str, Any] = {
+    "window_frac": 0.5,        # look at the last half of the run
+    "max_grad_weight": 1e-5,   # ‖grad‖ / ‖weight‖ below this ...
+    "max_rel_median": 1e-3,    # ... and ‖grad‖ below this × the median layer's ‖grad‖
+    "min_frac": 0.8,           # in at least this share of the window's steps
+    "min_points": 5,
+}
+DOC = {
+    "meaning": "Some layers get (almost) no gradient: they do not learn.",
+    "rule": "over the last window_frac of the run, in ≥ min_frac of the steps, "
+            "‖grad‖/‖weight‖ < max_grad_weight and ‖grad‖ < max_rel_median × the median "
+            "layer's ‖grad‖ (geometric means per step bucket; exact zeros count).",
+    "fixes": "Use ReLU/GELU instead of saturating sigmoid/tanh, residual connections, "
+             "normalisation (LayerNorm/BatchNorm), better init (Kaiming/Xavier); check for "
+             "detach()/no_grad cutting the graph.",
+}
+
+
+def _matrix(series: Mapping[str, Mapping[str, np.ndarray]], names: list[str], nb: int
+            ) -> np.ndarray:
+    """names × buckets of ln ‖·‖ (−inf where the whole bucket was exactly zero)."""
+    m = np.full((len(names), nb), np.nan)
+    for i, n in enumerate(names):
+        s = series[n]
+        b = s["bucket"].astype(np.int64)
+        v = s["log_norm"].copy()
+        v[(s["n_zero"] >= s["n"]) & (s["n"] > 0)] = -np.inf
+        m[i, b] = v
+    return m
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    grads = _data.series_of(ctx, "grad")
+    if not grads:
+        return []
+    params = _data.series_of(ctx, "param")
+    names = _data.model_order(ctx, "grad")
+    names = [n for n in names if n in grads]
+    nb = int(max(s["bucket"].max() for s in grads.values())) + 1
+    g = _matrix(grads, names, nb)
+    w = _matrix(params, names, nb) if params else np.full_like(g, np.nan)
+    for i, n in enumerate(names):
+        if n not in params:
+            w[i] = np.nan
+    start = int(nb * (1 - float(th["window_frac"])))
+    g, w = g[:, start:], w[:, start:]
+    present = ~np.isnan(g)
+    if present.sum(axis=1).max(initial=0) < th["min_points"]:
+        return []
+    with np.errstate(all="ignore"):
+        finite_g = np.where(np.isfinite(g), g, np.nan)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(finite_g, axis=0)  # median layer per bucket
+        rel_ok = (g - med < math.log(th["max_rel_median"])) if len(names) >= 2 else present
+        gw = g - w
+        gw_ok = np.where(np.isnan(w), True, gw < math.log(th["max_grad_weight"]))
+        if len(names) < 2 and np.isnan(w).all():
+            return []  # nothing to compare against
+        hit = present & rel_ok & gw_ok
+    frac = hit.sum(axis=1) / np.maximum(present.sum(axis=1), 1)
+    bad = [i for i in range(len(names))
+           if present[i].sum() >= th["min_points"] and frac[i] >= th["min_frac"]]
+    if not bad:
+        return []
+    with np.errstate(all="ignore"):
+        rel = np.array([np.nanmedian(np.where(np.isfinite(g[i] - med), g[i] - med, np.nan))
+                        if np.isfinite(g[i] - med).any() else -np.inf for i in bad])
+    worst = bad[int(np.argmin(rel))]
+    tb = _data.tensor_buckets(ctx)
+    s = grads[names[worst]]
+    first_bucket = start + int(np.flatnonzero(hit[worst])[0])
+    first_step = int(s["step0"][np.searchsorted(s["bucket"], first_bucket)]
+                     if first_bucket <= s["bucket"].max() else s["step0"][-1])
+    gmed = float(np.nanmedian(finite_g[worst])) if np.isfinite(finite_g[worst]).any() else None
+    wmed = float(np.nanmedian(w[worst])) if np.isfinite(w[worst]).any() else None
+    gnorm = math.exp(gmed) if gmed is not None else 0.0
+    ratio = math.exp(gmed - wmed) if gmed is not None and wmed is not None else None
+    layer_med = float(np.nanmedian(med)) if np.isfinite(med).any() else None
+    return [Finding(
+        id=ID, severity="warning", subject=names[worst], first_step=first_step,
+        title=f"Vanishing gradients in {len(bad)} layer(s)",
+        message=(f"{len(bad)} of {len(names)} layers get almost no gradient in the last "
+                 f"{100 * th['window_frac']:.0f}% of the run; worst {names[worst]}: "
+                 f"‖grad‖ ≈ {gnorm:.3g}"
+                 + (f", {ratio:.2g} of its weight norm" if ratio is not None else "")
+                 + (f", vs {math.exp(layer_med):.3g} for the median layer"
+                    if layer_med is not None else "") + "."),
+        advice=DOC["fixes"], chart="grad-heatmap",
+        evidence={"layers": [names[i] for i in bad[:20]], "layers_vanishing": len(bad),
+                  "layers_total": len(names), "grad_norm": gnorm, "grad_weight_ratio": ratio,
+                  "median_layer_grad_norm": math.exp(layer_med) if layer_med is not None
+                  else None, "bucket_steps": int(tb["bucket_size"])})]
