@@ -64,8 +64,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(one_mode()))
         return
-    import hta  # noqa: F401 - fail early outside the HTA venv
     from importlib.metadata import version
+
+    import hta  # noqa: F401 - fail early outside the HTA venv
 
     result = {
         "note": (
