@@ -31,6 +31,8 @@ HEAT_LAYERS = 160
 """Most rows of the heatmap; larger models merge consecutive tensors into one row."""
 MAX_METRICS = 16
 """User metrics charted (the rest are named in the caption)."""
+MAX_PANELS = 4
+"""Up to this many metrics get a panel each; more share one chart."""
 MAX_SPANS = 60
 """Most shaded NaN/Inf step ranges drawn per chart (the longest ones)."""
 
@@ -88,6 +90,7 @@ def loss_chart(ctx: ReportContext) -> Chart | None:
         caption += f" Loss was NaN/Inf at {bad:,} steps, first at step {first_bad:,} (red bands)."
     fig = figure(traces, xtitle="step", ytitle="loss",
                  shapes=spans_shapes(spans) + shapes, annotations=notes)
+    _cover_spans(fig, env.x, spans)
     rng = flat_range(env.y)
     if rng:
         fig["layout"]["yaxis"]["range"] = rng
@@ -128,7 +131,18 @@ def grad_norm_chart(ctx: ReportContext) -> Chart | None:
         caption += f" Nonfinite gradients at {bad:,} steps, first at step {first_bad:,}."
     fig = figure(traces, xtitle="step", ytitle="gradient norm (L2)",
                  yaxis={"type": "log"}, shapes=spans_shapes(spans) + shapes, annotations=notes)
+    _cover_spans(fig, env.x, spans)
     return Chart("grad-norm", "Total gradient norm", fig, caption, wide=False)
+
+
+def _cover_spans(fig: dict[str, Any], xs: list[Any], spans: list[tuple[int, int]]) -> None:
+    """Widen the x axis over NaN/Inf bands: shapes do not take part in autorange, and after a
+    divergence the line itself stops at the last finite step."""
+    if not spans:
+        return
+    lo = min([*xs, *(a for a, _ in spans)])
+    hi = max([*xs, *(b for _, b in spans)])
+    fig["layout"]["xaxis"]["range"] = [lo - 0.5, hi + 0.5]
 
 
 def _natural_key(name: str) -> list[Any]:
@@ -167,7 +181,7 @@ def grad_heatmap(ctx: ReportContext) -> Chart | None:
     rows = ctx.con.execute(
         f"""SELECT {row_expr} AS r, {b} AS b,
                    max(norm) FILTER (WHERE isfinite(norm)) AS hi,
-                   count(*) FILTER (WHERE NOT isfinite(norm)) AS bad
+                   count(*) FILTER (WHERE NOT isfinite(norm) OR nonfinite > 0) AS bad
             FROM {source} WHERE {where} AND step IS NOT NULL GROUP BY ALL""",
         params,
     ).fetchall()
@@ -247,29 +261,50 @@ def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
 
 
 def metrics_chart(ctx: ReportContext) -> Chart | None:
-    """User metrics passed to rec.step, one line each (legend toggles them)."""
+    """User metrics passed to rec.step: one small panel each on a shared step axis (metrics
+    have unrelated scales), or one chart with a legend when there are many."""
     names = [r[0] for r in ctx.con.execute(
-        "SELECT name, count(*) FROM metrics WHERE rank = ? AND name IS NOT NULL "
-        "GROUP BY name ORDER BY name", [ctx.rank]).fetchall()]
+        "SELECT DISTINCT name FROM metrics WHERE rank = ? AND name IS NOT NULL ORDER BY name",
+        [ctx.rank]).fetchall()]
     if not names:
         return None
     shown = names[:MAX_METRICS]
-    traces = []
     xr = x_range(ctx.con, "metrics", "step", "rank = ?", [ctx.rank])
+    panels = len(shown) <= MAX_PANELS
+    traces = []
     for i, name in enumerate(shown):
         env = envelopes(ctx.con, "metrics", "step", ["value"], where="rank = ? AND name = ?",
                         params=[ctx.rank, name], n=min(ctx.buckets, 500), xr=xr)["value"]
-        if env:
-            traces.append(line(env.x, env.y, esc(name, 60), PALETTE[i % len(PALETTE)],
-                               hover="step %{x}<br>%{y:.4g}"))
+        if not env:
+            continue
+        tr = line(env.x, env.y, esc(name, 60), PALETTE[i % len(PALETTE)],
+                  hover="step %{x}<br>%{y:.4g}")
+        if panels:
+            tr["yaxis"] = "y" if not traces else f"y{len(traces) + 1}"
+        traces.append(tr)
     if not traces:
         return None
-    caption = "Click a legend entry to hide it; double-click to show only that metric."
+    caption = ""
     if len(names) > len(shown):
-        caption += f" {len(names) - len(shown)} more metrics not shown."
-    fig = figure(traces, xtitle="step", ytitle="value (as recorded)")
-    fig["layout"]["updatemenus"] = [_log_toggle()]
-    return Chart("metrics", "Metrics", fig, caption)
+        caption = f"{len(names) - len(shown)} more metrics not shown."
+    if panels:
+        k = len(traces)
+        gap = 0.06 if k > 1 else 0.0
+        h = (1.0 - gap * (k - 1)) / k
+        layout: dict[str, Any] = {"showlegend": False, "height": max(300, 60 + 150 * k)}
+        for i, tr in enumerate(traces):
+            top = 1.0 - i * (h + gap)
+            key = "yaxis" if i == 0 else f"yaxis{i + 1}"
+            layout[key] = {"domain": [max(0.0, top - h), top], "title": {"text": tr["name"]},
+                           "anchor": "x"}
+        layout["xaxis"] = {"anchor": f"y{k}" if k > 1 else "y"}
+        fig = figure(traces, xtitle="step", ytitle=traces[0]["name"], **layout)
+    else:
+        fig = figure(traces, xtitle="step", ytitle="value (as recorded)")
+        fig["layout"]["updatemenus"] = [_log_toggle()]
+        caption = "Click a legend entry to hide it; double-click to show only that metric. " \
+            + caption
+    return Chart("metrics", "Metrics", fig, caption.strip())
 
 
 def _log_toggle() -> dict[str, Any]:

@@ -131,12 +131,11 @@ def memory_chart(ctx: ReportContext) -> Chart | None:
     last = max(x for c, _, _ in present for x in envs[c].x)
     first = min(x for c, _, _ in present for x in envs[c].x)
     caption = "Lowest and highest value per step range."
-    leak = ctx.finding("memory_leak")
-    if leak:
+    # One fit line per leaking counter (host RSS and CUDA memory can both leak).
+    for leak in [f for f in ctx.findings if f.get("id") == "memory_leak"][:len(MEM_COLS)]:
         fit, fit_caption = _leak_fit(ctx, leak, envs, first, last, capacity)
         traces.extend(fit["traces"])
-        shapes.extend(fit["shapes"])
-        caption += " " + fit_caption
+        caption += " " + fit_caption if fit_caption else ""
         for tr in fit["traces"]:
             tr["y"] = [None if v is None else num(v / div) for v in tr["y"]]
         capacity = fit.get("capacity") or capacity
@@ -167,7 +166,7 @@ def _leak_fit(ctx: ReportContext, leak: dict[str, Any], envs: dict[str, Any], fi
         (c for c, _, _ in MEM_COLS if envs[c]), None)
     slope = _ev(ev, "slope_bytes_per_step", "slope")
     if col is None or slope is None:
-        return {"traces": [], "shapes": []}, ""
+        return {"traces": []}, ""
     start = _ev(ev, "fit_start_step", "start_step", "warmup_end_step")
     if start is None:
         start = float(leak.get("first_step") if leak.get("first_step") is not None else first)
@@ -182,35 +181,39 @@ def _leak_fit(ctx: ReportContext, leak: dict[str, Any], envs: dict[str, Any], fi
         resid = sorted(y - slope * x for x, y in zip(env.x, env.y, strict=True)
                        if y is not None and x >= start)
         if not resid:
-            return {"traces": [], "shapes": []}, ""
+            return {"traces": []}, ""
         intercept = resid[len(resid) // 2]
-    cap = _ev(ev, "capacity_bytes", "total_bytes", "limit_bytes") or capacity
+    cap = _ev(ev, "capacity_bytes", "total_bytes", "limit_bytes")
+    if cap is None and col.startswith("cuda"):
+        cap = capacity  # the GPU's size bounds CUDA counters only, not host RSS
     oom = _ev(ev, "projected_oom_step", "oom_step")
     if oom is None and cap and slope > 0:
         oom = (cap - intercept) / slope
     end = last
-    # Draw the projection up to the OOM only when it fits on a chart about twice the run's
-    # length; otherwise say where it is.
-    if oom is not None and oom > last and oom - first <= 2.0 * max(last - first, 1):
+    # Draw the projection up to the OOM only when it fits on a chart about three times the
+    # run's length (the recorded part must stay readable); otherwise say where it is.
+    if oom is not None and oom > last and oom - first <= 3.0 * max(last - first, 1):
         end = oom
-    fit_traces = [{"type": "scatter", "mode": "lines", "name": "leak fit",
+    label = dict((c, lab) for c, lab, _ in MEM_COLS).get(col, col)
+    fit_traces = [{"type": "scatter", "mode": "lines", "name": f"leak fit ({label})",
                    "x": [start, last], "y": [intercept + slope * start, intercept + slope * last],
                    "line": {"color": RED, "width": 2}, "hoverinfo": "skip"}]
     if end > last:
-        fit_traces.append({"type": "scatter", "mode": "lines+markers", "name": "projected",
+        fit_traces.append({"type": "scatter", "mode": "lines+markers",
+                           "name": f"projected ({label})",
                            "x": [last, end], "y": [intercept + slope * last,
                                                    intercept + slope * end],
                            "line": {"color": RED, "width": 2, "dash": "dash"},
                            "marker": {"size": [0, 10], "symbol": "x", "color": RED},
                            "hovertemplate": "projected OOM at step %{x:,.0f}<extra></extra>"})
     per_step = slope / 2**20
-    text = f"Red: leak fit on {col} ({per_step:.3g} MiB/step from step {start:,.0f})"
+    text = f"Red: {label} leaks {per_step:.3g} MiB/step from step {start:,.0f}"
     if oom is not None and oom > last:
         text += f"; projected out of memory at step {oom:,.0f}"
         if end < oom:
             text += " (beyond this chart)"
     text += "."
-    return {"traces": fit_traces, "shapes": [], "capacity": cap}, text
+    return {"traces": fit_traces, "capacity": cap}, text
 
 
 def ranks_charts(ctx: ReportContext) -> list[Chart]:

@@ -18,13 +18,14 @@ def profiler_charts(ctx: ReportContext) -> tuple[list[Chart], list[dict[str, Any
     if not ctx.scalar("SELECT count(*) FROM (SELECT 1 FROM trace_events LIMIT 1)"):
         return [], []
     charts: list[Chart] = []
-    ops = _top(ctx, "cat = 'cpu_op'", "profiler", "Top CPU ops by total time", BLUE,
+    ops = _top(ctx, "cat = 'cpu_op'", "profiler", "Top CPU ops by total time", "op", BLUE,
                "Sum of the op's own span over all profiled steps and ranks (nested ops are "
                "counted in their parents too).")
     if ops:
         charts.append(ops)
     kernels = _top(ctx, "cat = 'kernel'", "profiler-kernels", "Top GPU kernels by total time",
-                   PURPLE, "Sum of kernel durations over all profiled steps, ranks and streams.")
+                   "kernel", PURPLE,
+                   "Sum of kernel durations over all profiled steps, ranks and streams.")
     if kernels:
         charts.append(kernels)
     gpu_rows = _gpu_time(ctx)
@@ -39,7 +40,7 @@ def profiler_charts(ctx: ReportContext) -> tuple[list[Chart], list[dict[str, Any
     return charts, gpu_rows
 
 
-def _top(ctx: ReportContext, where: str, anchor: str, title: str, colour: str,
+def _top(ctx: ReportContext, where: str, anchor: str, title: str, what: str, colour: str,
          caption: str) -> Chart | None:
     rows = ctx.con.execute(
         f"SELECT name, sum(dur_us) AS t, count(*) AS n FROM trace_events "
@@ -54,7 +55,7 @@ def _top(ctx: ReportContext, where: str, anchor: str, title: str, colour: str,
              "customdata": [[esc(r[0], 300), r[2]] for r in rows],
              "hovertemplate": "%{customdata[0]}<br>%{x:.4g} " + unit
                               + " in %{customdata[1]:,} calls<extra></extra>"}
-    fig = figure([trace], xtitle=f"total time ({unit})", ytitle="",
+    fig = figure([trace], xtitle=f"total time ({unit})", ytitle=what,
                  yaxis={"automargin": True, "tickfont": {"size": 10}},
                  height=max(260, 60 + 24 * len(rows)), showlegend=False)
     return Chart(anchor, title, fig, caption, wide=False)

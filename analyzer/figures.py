@@ -46,12 +46,14 @@ def esc(text: Any, limit: int = 200) -> str:
     """Untrusted text for plotly labels, legends and hover text.
 
     Plotly renders a subset of HTML in these strings and decodes entities, so escaping makes
-    a hostile parameter name show literally instead of being interpreted. Long text is cut.
+    a hostile parameter name show literally instead of being interpreted. Without ``<`` no
+    tag can form, so quotes stay as they are (plotly does not decode ``&quot;``). Long text
+    is cut.
     """
     s = "" if text is None else str(text)
     if len(s) > limit:
         s = s[: limit - 1] + "…"
-    return html.escape(s, quote=True)
+    return html.escape(s, quote=False)
 
 
 def short(text: str, limit: int = 48) -> str:
@@ -113,6 +115,7 @@ def finding_markers(findings: list[dict[str, Any]], anchor: str) -> tuple[list, 
     """Vertical dotted lines (shapes, annotations) at the first step of the findings that point
     at ``anchor``, so the chart shows where each problem starts."""
     shapes, notes = [], []
+    seen = set()
     for f in findings:
         if f.get("chart") != anchor or f.get("first_step") is None:
             continue
@@ -120,6 +123,9 @@ def finding_markers(findings: list[dict[str, Any]], anchor: str) -> tuple[list, 
             continue
         colour = SEVERITY_COLOURS.get(str(f.get("severity")), GREY)
         x = f["first_step"]
+        if (x, f.get("id")) in seen:  # e.g. two leaking counters from the same step
+            continue
+        seen.add((x, f.get("id")))
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
                        "y0": 0, "y1": 1, "line": {"color": colour, "width": 1.5, "dash": "dot"}})
         notes.append({"xref": "x", "yref": "paper", "x": x, "y": 1, "yanchor": "bottom",

@@ -6,6 +6,9 @@ import json
 import math
 from typing import Any
 
+MAX_TABLE_ROWS = 10
+MAX_TABLE_COLS = 6
+
 
 def human_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'; keeps the sign (a shrinking counter)."""
@@ -23,6 +26,8 @@ def human_duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "—"
     s = float(seconds)
+    if s < 1e-3:
+        return f"{s * 1e6:.3g} µs"
     if s < 1:
         return f"{s * 1000:.3g} ms"
     if s < 60:
@@ -47,17 +52,23 @@ def human_count(n: float | None) -> str:
 
 def format_value(key: str, value: Any) -> str:
     """An evidence value as a user would want to read it, guessing the unit from the key
-    (the detectors name them ``..._bytes``, ``..._s``, ``..._pct`` ...)."""
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
+    (the detectors name them ``..._bytes``, ``..._s``, ``..._us``, ``..._pct`` ...)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, (int, float)):
         k = key.lower()
         if not math.isfinite(float(value)):
             return str(value)
         if "bytes" in k:
             return human_bytes(value)
-        if k.endswith("_s") or k.endswith("_seconds"):
+        if k.endswith(("_s", "_seconds")):
             return human_duration(value)
+        if k.endswith("_us"):
+            return human_duration(value / 1e6)
+        if k.endswith("_ms"):
+            return human_duration(value / 1e3)
         if k.endswith(("_pct", "_percent")):
             return f"{value:.3g}%"
         if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
@@ -65,13 +76,33 @@ def format_value(key: str, value: Any) -> str:
         return f"{value:.4g}"
     if isinstance(value, str):
         return value if len(value) <= 300 else value[:299] + "…"
+    if isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
+        shown = ", ".join(format_value(key, v) for v in value[:12])
+        return shown + (f", … ({len(value)} in all)" if len(value) > 12 else "")
     text = json.dumps(value, default=str)
     return text if len(text) <= 300 else text[:299] + "…"
 
 
-def format_evidence(evidence: dict[str, Any], limit: int = 12) -> list[tuple[str, str]]:
-    """(label, value) pairs of a finding's evidence, at most ``limit`` of them."""
-    out = []
+def _table(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(c for c in r if c not in cols)
+    cols = cols[:MAX_TABLE_COLS]
+    return {"columns": [c.replace("_", " ") for c in cols],
+            "rows": [[format_value(c, r.get(c)) for c in cols] for r in rows[:MAX_TABLE_ROWS]],
+            "more": max(0, len(rows) - MAX_TABLE_ROWS)}
+
+
+def format_evidence(evidence: dict[str, Any], limit: int = 14) -> dict[str, list[Any]]:
+    """A finding's evidence for the page: ``values`` as (label, text) pairs, and ``tables``
+    (label, table) for lists of records (e.g. top ops), which read badly as JSON."""
+    values: list[tuple[str, str]] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
     for key, value in list(evidence.items())[:limit]:
-        out.append((str(key).replace("_", " "), format_value(str(key), value)))
-    return out
+        label = str(key).replace("_", " ")
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            tables.append((label, _table(str(key), value)))
+        else:
+            values.append((label, format_value(str(key), value)))
+    return {"values": values, "tables": tables}
