@@ -406,6 +406,11 @@ def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
         # Spill files (rare) go to the temp dir, never next to the run we only read.
         con.execute(f"SET temp_directory = {_sql_str(tempfile.gettempdir())}")
         con.execute("SET enable_progress_bar = false")
+        # Parquet min/max statistics exclude NaN (as the spec says), but DuckDB prunes with
+        # them: `WHERE isnan(loss)`, `loss > 1e300` or `NOT (x < 10)` silently drop the NaN
+        # rows of pyarrow-written files (duckdb/duckdb#25521, open). NaN is exactly what this
+        # tool looks for, so we trade row-group pruning for correct answers.
+        con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
         for table in TABLE_NAMES:
             if table == "trace_events":
                 continue

@@ -75,7 +75,7 @@ def to_arrow(table: str, rows: Any) -> pa.Table:
 
 def _as_array(v: Any) -> Any:
     if isinstance(v, np.ndarray):
-        return pa.array(v, from_pandas=True)  # NaN stays NaN for floats
+        return pa.array(v)  # NaN stays NaN (not null) for floats
     return v
 
 

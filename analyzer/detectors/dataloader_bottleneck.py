@@ -51,7 +51,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         win = (cw[k:] - cw[:-k]) / np.maximum(cd[k:] - cd[:-k], 1e-12)
         above = np.flatnonzero(win >= th["warn_share"])
         if len(above):
-            first = int(step[above[0]])
+            # the first step inside that window that itself waits that long
+            a = int(above[0])
+            own = np.flatnonzero(wait[a:a + k] >= th["warn_share"] * dur[a:a + k])
+            first = int(step[a + (own[0] if len(own) else 0)])
     sev = "error" if share >= th["error_share"] else "warning"
     return [Finding(
         id=ID, severity=sev, subject="dataloader", first_step=first,

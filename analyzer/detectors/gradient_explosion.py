@@ -67,6 +67,10 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
             len(rest) >= th["sustain"] or ends_nonfinite or i + len(rest) == len(xs))
         if not sustained:
             continue
+        # onset: the last point still near the minimum (a flat, noisy baseline has its
+        # minimum anywhere; growth starts where the series leaves it for good)
+        near = np.flatnonzero(xs[j:i + 1] <= lo[i] + 0.1 * need)
+        j = j + int(near[-1]) if len(near) else j
         slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
         return {"onset": int(step[j]), "cross": int(step[i]), "from": float(math.exp(x[j])),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
