@@ -36,9 +36,13 @@ def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     """
     if not tensors:
         return torch.empty(0, dtype=torch.float32)
+    # _foreach_norm accepts only floating/complex tensors; integer and bool ones (watched
+    # tensors, never gradients) are cast first, so the cast costs nothing on the hot path.
+    tensors = [t if t.is_floating_point() or t.is_complex() else t.to(torch.float32)
+               for t in tensors]
     device = tensors[0].device
     if all(t.device == device for t in tensors):
-        return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+        return _norms32(tensors)
     # Rare (model split over devices): one foreach call per device, results gathered on the
     # first device with non-blocking copies, then put back in input order.
     by_dev: dict[torch.device, list[int]] = {}
@@ -48,9 +52,22 @@ def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     for _dev, idx in by_dev.items():
         # Indexing with a Python list copies the index to the device; acceptable on this
         # rare multi-device path.
-        part = torch.stack(torch._foreach_norm([tensors[i] for i in idx], 2, dtype=torch.float32))
+        part = _norms32([tensors[i] for i in idx])
         out[idx] = part.to(device, non_blocking=True)
     return out
+
+
+def _norms32(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """float32 norms of tensors on one device."""
+    if not any(t.dtype in (torch.float64, torch.complex128) for t in tensors):
+        return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+    # vector_norm refuses dtype=float32 for double tensors (it never narrows): norm those in
+    # their own precision and cast the result; the rest keep the float32 accumulation.
+    wide = [t.dtype in (torch.float64, torch.complex128) for t in tensors]
+    narrow = [t for t, w in zip(tensors, wide, strict=True) if not w]
+    narrow_norms = iter(torch._foreach_norm(narrow, 2, dtype=torch.float32) if narrow else [])
+    wide_norms = iter(torch._foreach_norm([t for t, w in zip(tensors, wide, strict=True) if w], 2))
+    return torch.stack([next(wide_norms).float() if w else next(narrow_norms) for w in wide])
 
 
 class FullStats:
