@@ -143,6 +143,10 @@ class _Chunk:
     def reduce(self, flat: list[torch.Tensor]) -> torch.Tensor:
         """``[n_pieces, 8]`` partials: count, sum, m2, sumsq, min, max, zeros, nonfinite."""
         parts = [flat[i][start:stop] for i, start, stop in self.pieces]
+        if len({p.dtype for p in parts}) > 1:
+            # torch.cat would promote mixed dtypes to e.g. bfloat16 (int32 + bf16) and round
+            # the values before the float32 cast: convert each piece first instead.
+            parts = [p.to(torch.float32) for p in parts]
         x = torch.cat(parts).to(torch.float32) if len(parts) > 1 else parts[0].to(torch.float32)
         lengths = self.lengths
 
