@@ -1,0 +1,138 @@
+"""Shared helpers for the recorder tests: a tiny training loop, run-dir readers, subprocess
+runner. Kept free of pytest so subprocess scripts can import it too (PYTHONPATH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+TABLE_NAMES = ("steps", "tensor_stats", "metrics", "events", "memory", "system")
+
+# Knobs that keep a test run fast and deterministic: no background sampler (its rows arrive
+# at wall-clock times), no profiler window, short flush interval.
+FAST: dict[str, Any] = {"system_interval_s": 0, "profile_start": 0, "profile_every": 0,
+                        "flush_interval_s": 0.05}
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(dtype)
+
+
+def batches(n: int, seed: int = 1, dtype: torch.dtype = torch.float32
+            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(5, 4, generator=g).to(dtype), torch.randn(5, 2, generator=g).to(dtype))
+            for _ in range(n)]
+
+
+def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((model(x) - y) ** 2).mean()
+
+
+def train(rec: Any, model: nn.Module, opt: torch.optim.Optimizer, data: Iterable[Any], *,
+          order: str = "after", **metrics: Any) -> list[float]:
+    """Plain training loop; ``order`` puts rec.step() after (or before) opt.step().
+    Returns the losses as Python floats (read after the step, so no effect on the run)."""
+    losses = []
+    for x, y in data:
+        loss = loss_fn(model, x, y)
+        opt.zero_grad()
+        loss.backward()
+        if order == "before":
+            rec.step(loss=loss, **metrics)
+            opt.step()
+        else:
+            opt.step()
+            rec.step(loss=loss, **metrics)
+        losses.append(float(loss))
+    return losses
+
+
+# ------------------------------------------------------------------------- run-dir readers
+def part_files(run_dir: Path, table: str, rank: int | None = None) -> list[Path]:
+    """The data files of a table a correct reader uses (FORMAT.md): ``part-*.parquet`` only,
+    single parts covered by a merged ``part-a-b`` skipped."""
+    out: list[Path] = []
+    for rd in sorted((Path(run_dir) / table).glob("rank=*")):
+        if rank is not None and rd.name != f"rank={rank}":
+            continue
+        parts = [(PART_RE.match(p.name), p) for p in rd.iterdir()]
+        parts = [(m, p) for m, p in parts if m]
+        ranges = [(int(m.group(1)), int(m.group(2))) for m, _ in parts if m.group(2)]
+        for m, p in sorted(parts, key=lambda mp: mp[1].name):
+            if m.group(2) is None and any(a <= int(m.group(1)) <= b for a, b in ranges):
+                continue
+            out.append(p)
+    return out
+
+
+def read_table(run_dir: Path, table: str, rank: int | None = None) -> pa.Table | None:
+    # Files are read one by one: the rank=<r> folder name would otherwise be turned into a
+    # hive partition column that clashes with the file's own `rank` column.
+    tables = [pq.read_table(p) for p in part_files(run_dir, table, rank)]
+    if not tables:
+        return None
+    return pa.concat_tables([t.cast(tables[0].schema) for t in tables])
+
+
+def rows(run_dir: Path, table: str, rank: int | None = None) -> list[dict[str, Any]]:
+    t = read_table(run_dir, table, rank)
+    return [] if t is None else t.to_pylist()
+
+
+def steps_by_number(run_dir: Path, rank: int | None = None) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for r in rows(run_dir, "steps", rank):
+        assert r["step"] not in out, f"duplicate step row {r['step']}"
+        out[r["step"]] = r
+    return out
+
+
+def events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in rows(run_dir, "events") if kind is None or e["kind"] == kind]
+
+
+def run_json(run_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "run.json").read_text())
+
+
+# ------------------------------------------------------------------------- subprocesses
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    # Keep each child on one thread: the machine has two cores and other tests run too.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    env.update(extra)
+    return env
+
+
+def write_script(tmp_path: Path, name: str, code: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(code))
+    return path
+
+
+def run_script(script: Path, *args: str, timeout: float = 60,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a Python script to completion; a hang fails the test instead of blocking CI."""
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env or subprocess_env())

@@ -1,0 +1,184 @@
+"""tracealyze.recorder.stats against a NumPy float64 reference (property-based).
+
+Semantics (FORMAT.md): IEEE over all elements like plain NumPy — norm, abs-max, mean, std
+(ddof=0), min, max, zero fraction, nonfinite count; an empty tensor has norm 0, nonfinite 0
+and NaN for the rest. The recorder accumulates in float32, so tolerances are float32-sized.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tracealyze.recorder.stats import (
+    ABSMAX,
+    MAX,
+    MEAN,
+    MIN,
+    N_STATS,
+    NONFINITE,
+    NORM,
+    STD,
+    ZERO_FRAC,
+    FullStats,
+    norms,
+)
+
+FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+ALL_DTYPES = (*FLOAT_DTYPES, torch.int32, torch.int64, torch.uint8, torch.bool)
+
+# Finite magnitudes stay well inside float16's normal range, so the tensor holds what was
+# generated up to rounding (the reference is computed from the tensor's actual values).
+_mag = st.floats(1e-3, 1e4, allow_nan=False, allow_infinity=False)
+_finite = st.one_of(st.just(0.0), _mag, _mag.map(lambda v: -v))
+_special = st.sampled_from([math.nan, math.inf, -math.inf])
+
+
+@st.composite
+def tensors(draw: st.DrawFn, *, allow_special: bool = True) -> torch.Tensor:
+    dtype = draw(st.sampled_from(ALL_DTYPES))
+    n = draw(st.integers(0, 40))
+    if dtype == torch.bool:
+        vals = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+        return torch.tensor(vals, dtype=torch.bool)
+    if not dtype.is_floating_point:
+        lo = 0 if dtype == torch.uint8 else -1000
+        hi = 255 if dtype == torch.uint8 else 1000
+        vals = draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))
+        return torch.tensor(vals, dtype=dtype)
+    elem = st.one_of(_finite, _special) if allow_special else _finite
+    # Some all-special and some mostly-finite tensors: weight the special values down.
+    vals = draw(st.lists(st.one_of(_finite, _finite, _finite, elem), min_size=n, max_size=n))
+    shape = draw(st.sampled_from(["flat", "2d"]))
+    t = torch.tensor(vals, dtype=torch.float64).to(dtype)
+    if shape == "2d" and n % 2 == 0 and n:
+        t = t.reshape(2, n // 2)
+    return t
+
+
+def reference(t: torch.Tensor) -> np.ndarray:
+    """The statistics of the values the tensor actually holds, in float64 NumPy."""
+    a = t.detach().to(torch.float64).reshape(-1).numpy()
+    out = np.full(N_STATS, np.nan)
+    out[NONFINITE] = np.count_nonzero(~np.isfinite(a))
+    if a.size == 0:
+        out[NORM] = 0.0
+        return out
+    with np.errstate(invalid="ignore", over="ignore"):
+        out[NORM] = np.linalg.norm(a)
+        out[ABSMAX] = np.abs(a).max()
+        out[MEAN] = a.mean()
+        out[STD] = a.std()
+        out[MIN] = a.min()
+        out[MAX] = a.max()
+    out[ZERO_FRAC] = np.count_nonzero(a == 0) / a.size
+    return out
+
+
+def assert_stats_close(got: np.ndarray, t: torch.Tensor, label: str) -> None:
+    ref = reference(t)
+    a = t.detach().to(torch.float64).reshape(-1).numpy()
+    finite = a[np.isfinite(a)]
+    scale = float(np.abs(finite).max()) if finite.size else 1.0
+    n = max(a.size, 1)
+    # float32 accumulation: relative error of a sum of n terms is about n * 2^-24.
+    tol = {
+        NORM: (1e-5, 0.0), ABSMAX: (1e-6, 0.0), MIN: (1e-6, 0.0), MAX: (1e-6, 0.0),
+        MEAN: (1e-5, 1e-6 * scale * math.sqrt(n)), STD: (1e-4, 1e-5 * scale),
+        ZERO_FRAC: (1e-6, 0.0), NONFINITE: (0.0, 0.0),
+    }
+    names = ("norm", "absmax", "mean", "std", "min", "max", "zero_frac", "nonfinite")
+    for col, (rtol, atol) in tol.items():
+        r, g = ref[col], float(got[col])
+        where = f"{label}: {names[col]} of {t.dtype} {tuple(t.shape)} {a.tolist()}"
+        if np.isnan(r):
+            assert np.isnan(g), f"{where}: expected NaN, got {g}"
+        elif np.isinf(r):
+            assert g == r, f"{where}: expected {r}, got {g}"
+        else:
+            assert math.isclose(g, r, rel_tol=rtol, abs_tol=atol), f"{where}: {g} != {r}"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ts=st.lists(tensors(), min_size=1, max_size=6), chunk=st.integers(1, 64))
+def test_full_stats_match_numpy(ts: list[torch.Tensor], chunk: int) -> None:
+    # Small chunk sizes cut tensors into several pieces that are combined afterwards.
+    got = FullStats(chunk_elems=chunk)(ts).numpy()
+    assert got.shape == (len(ts), N_STATS)
+    assert got.dtype == np.float32
+    for i, t in enumerate(ts):
+        assert_stats_close(got[i], t, f"tensor {i}, chunk {chunk}")
+
+
+@settings(max_examples=100, deadline=None)
+@given(ts=st.lists(tensors(), min_size=1, max_size=6))
+def test_norms_match_numpy(ts: list[torch.Tensor]) -> None:
+    got = norms(ts).numpy()
+    assert got.shape == (len(ts),)
+    for g, t in zip(got, ts, strict=True):
+        ref = reference(t)[NORM]
+        if np.isnan(ref):
+            assert np.isnan(g), t
+        else:
+            assert math.isclose(float(g), ref, rel_tol=1e-5), (t, g, ref)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ts=st.lists(tensors(allow_special=False), min_size=1, max_size=5))
+def test_layout_cache_is_per_shape_and_values_are_fresh(ts: list[torch.Tensor]) -> None:
+    # The same shapes again with different values: cached index tensors must not carry any
+    # value from the first call.
+    fs = FullStats(chunk_elems=7)
+    fs(ts)
+    flipped = [(-t.to(torch.float64)).to(torch.float32) if t.numel() else t for t in ts]
+    got = fs(flipped).numpy()
+    for i, t in enumerate(flipped):
+        assert_stats_close(got[i], t, "second call")
+
+
+def test_large_mean_small_spread_keeps_std() -> None:
+    # |mean| >> std: the one-pass E[x²]-E[x]² formula would give 0 or garbage in float32.
+    g = torch.Generator().manual_seed(0)
+    t = 1e4 + torch.randn(5000, generator=g, dtype=torch.float64) * 1e-2
+    for chunk in (1 << 20, 333):
+        got = FullStats(chunk_elems=chunk)([t.float()]).numpy()[0]
+        ref = reference(t.float())
+        assert math.isclose(got[STD], ref[STD], rel_tol=1e-2), (chunk, got[STD], ref[STD])
+        assert math.isclose(got[MEAN], ref[MEAN], rel_tol=1e-6)
+
+
+def test_tensor_spanning_many_chunks_with_neighbours() -> None:
+    g = torch.Generator().manual_seed(1)
+    ts = [torch.randn(3, generator=g), torch.randn(1000, generator=g) * 5,
+          torch.zeros(0), torch.randn(17, generator=g).half()]
+    ts[1][500] = math.nan
+    for chunk in (1, 10, 999, 1000, 1001, 4096):
+        got = FullStats(chunk_elems=chunk)(ts).numpy()
+        for i, t in enumerate(ts):
+            assert_stats_close(got[i], t, f"chunk {chunk}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_empty_and_scalar_tensors(dtype: torch.dtype) -> None:
+    ts = [torch.zeros(0, dtype=dtype), torch.tensor(3.0, dtype=dtype),
+          torch.zeros(0, 4, dtype=dtype)]
+    got = FullStats(chunk_elems=2)(ts).numpy()
+    for i, t in enumerate(ts):
+        assert_stats_close(got[i], t, "edge")
+    assert got[0, NORM] == 0 and got[0, NONFINITE] == 0
+    assert np.isnan(got[0, [ABSMAX, MEAN, STD, MIN, MAX, ZERO_FRAC]]).all()
+    assert norms(ts).tolist() == [0.0, 3.0, 0.0]
+
+
+def test_empty_input_lists() -> None:
+    assert FullStats()([]).shape == (0, N_STATS)
+    assert norms([]).shape == (0,)
+
+
+def test_chunk_elems_validated() -> None:
+    with pytest.raises(ValueError):
+        FullStats(chunk_elems=0)
