@@ -179,6 +179,15 @@ class Run:
             raise QueryError(msg) from e
         return cols, rows
 
+    def table_ranks(self, table: str) -> list[int]:
+        """Ranks that have readable parts of ``table`` (from the file layout: no scan)."""
+        out = set()
+        for f in self.files.get(table, []):
+            m = _RANK_DIR.match(f.parent.name)
+            if m:
+                out.add(int(m.group(1)))
+        return sorted(out)
+
     def row_count(self, table: str) -> int:
         (n,) = self.con.execute(f"SELECT count(*) FROM {table}").fetchone()
         return int(n)

@@ -12,6 +12,7 @@ from . import _data, _stats
 from .base import Context
 
 ID = "loss_divergence"
+MAX_POINTS = 2000
 DEFAULTS: dict[str, Any] = {
     "smooth_frac": 0.02,   # rolling-median window as a share of the steps ...
     "smooth_min": 5,       # ... at least this many steps
@@ -44,6 +45,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     # a loss that ends nonfinite has diverged; use the finite prefix for the shape
     tail_nonfinite = bool(has.any() and not finite[np.flatnonzero(has)[-1]])
     step, loss = step_all[finite], loss_all[finite]
+    if len(loss) > MAX_POINTS:
+        # long runs: window medians first (the shape is what matters; keeps this O(n))
+        x, y = _stats.bucket_series(step.astype(np.float64), loss, MAX_POINTS, how="median")
+        step, loss = x.astype(np.int64), y
     w = max(int(th["smooth_min"]), int(len(loss) * float(th["smooth_frac"])))
     sm = _stats.rolling_median(loss, w)
     ib = int(np.nanargmin(sm))

@@ -41,12 +41,12 @@ def _first_steps(ctx: Context) -> dict[str, Any]:
     q["grad_step"] = ctx.rows(
         "SELECT min(step) FROM steps WHERE nonfinite_grads > 0 OR (grad_norm IS NOT NULL "
         "AND NOT isfinite(grad_norm))")[0][0]
-    q["grad"] = ctx.rows(
-        "SELECT min(step) FROM tensor_stats WHERE kind = 'grad' AND "
-        "(NOT isfinite(norm) OR nonfinite > 0)")[0][0]
-    q["activation"] = ctx.rows(
-        "SELECT min(step) FROM tensor_stats WHERE kind IN ('activation', 'watch') AND "
-        "(NOT isfinite(norm) OR nonfinite > 0)")[0][0]
+    # one scan of the big table for both (FILTER aggregates, no WHERE on the float column)
+    q["grad"], q["activation"] = ctx.rows(
+        "SELECT min(step) FILTER (WHERE kind = 'grad' AND bad), "
+        "min(step) FILTER (WHERE kind IN ('activation', 'watch') AND bad) FROM ("
+        "SELECT step, kind, NOT isfinite(norm) OR coalesce(nonfinite, 0) > 0 AS bad "
+        "FROM tensor_stats)")[0]
     q["event"] = ctx.rows(
         "SELECT min(step) FROM events WHERE kind = 'nonfinite' AND step IS NOT NULL")[0][0]
     return q
