@@ -7,7 +7,7 @@ import math
 import re
 from typing import Any
 
-from .downsample import bucket_expr, envelopes, num, x_range
+from .downsample import envelopes, num, x_range
 from .figures import (
     BLUE,
     ORANGE,
@@ -150,64 +150,68 @@ def _natural_key(name: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
+def _heat_range(ctx: ReportContext, where: str) -> tuple[int, int] | None:
+    # The steps table (one row per step) gives the range far cheaper than a scan of
+    # tensor_stats; tensor statistics are taken at recorded steps.
+    xr = x_range(ctx.con, "steps", "step", "rank = ?", [ctx.rank]) or x_range(
+        ctx.con, "tensor_stats", "step", where, [ctx.rank])
+    return None if xr is None else (int(xr[0]), int(xr[1]))
+
+
 def grad_heatmap(ctx: ReportContext) -> Chart | None:
     """Per-tensor gradient norm, tensors × step buckets, log10 colour, NaN/Inf cells marked.
 
-    Each cell is the largest finite norm in its step range (spikes survive); the grid is at
-    most HEAT_LAYERS × HEAT_STEPS however big the model or long the run.
+    Each cell is the largest norm in its step range (spikes survive); the grid is at most
+    HEAT_LAYERS × HEAT_STEPS however big the model or long the run. One scan of tensor_stats:
+    it is the largest table by far (20M rows for 100k steps × 200 tensors).
     """
     where = "kind = 'grad' AND rank = ?"
-    names = [r[0] for r in ctx.con.execute(
-        f"SELECT DISTINCT name FROM tensor_stats WHERE {where}", [ctx.rank]).fetchall()
-        if r[0] is not None]
-    if not names:
-        return None
-    names.sort(key=_natural_key)
-    xr = x_range(ctx.con, "tensor_stats", "step", where, [ctx.rank])
+    xr = _heat_range(ctx, where)
     if xr is None:
         return None
-    nsteps = min(HEAT_STEPS, int(xr[1] - xr[0]) + 1)
-    b = bucket_expr("step", xr[0], xr[1], nsteps)
-    group = max(1, math.ceil(len(names) / HEAT_LAYERS))
-    if group == 1:
-        source, row_expr, params = "tensor_stats", "name", [ctx.rank]
-    else:
-        # Row index per name via a join on a literal list (no temp table: the connection may
-        # be shared and read-only).
-        source = ("tensor_stats JOIN (SELECT unnest(?::VARCHAR[]) AS n, "
-                  "unnest(?::INTEGER[]) AS i) AS idx ON tensor_stats.name = idx.n")
-        row_expr = f"i // {group}"
-        params = [names, list(range(len(names))), ctx.rank]
+    lo, hi = xr
+    nsteps = min(HEAT_STEPS, hi - lo + 1)
+    span = hi - lo + 1
+    # Integer bucket arithmetic (steps are int64), clamped for stray steps outside the range.
+    b = f"greatest(0, least({nsteps - 1}, (step - {lo}) * {nsteps} // {span}))"
+    # max() sorts NaN above everything: a cell holding a NaN gets no value, only the mark.
     rows = ctx.con.execute(
-        f"""SELECT {row_expr} AS r, {b} AS b,
-                   max(norm) FILTER (WHERE isfinite(norm)) AS hi,
-                   count(*) FILTER (WHERE NOT isfinite(norm) OR nonfinite > 0) AS bad
-            FROM {source} WHERE {where} AND step IS NOT NULL GROUP BY ALL""",
-        params,
+        f"""SELECT name, {b} AS b, max(norm) AS hi,
+                   count(*) FILTER (WHERE nonfinite > 0 OR NOT isfinite(norm)) AS bad
+            FROM tensor_stats WHERE {where} AND step IS NOT NULL AND name IS NOT NULL
+            GROUP BY ALL""",
+        [ctx.rank],
     ).fetchall()
+    if not rows:
+        return None
+    names = sorted({r[0] for r in rows}, key=_natural_key)
+    group = max(1, math.ceil(len(names) / HEAT_LAYERS))
+    row_of = {n: i // group for i, n in enumerate(names)}
     if group == 1:
         labels = names
-        index = {n: i for i, n in enumerate(names)}
     else:
         labels = [
             f"{names[i]} … {names[min(i + group, len(names)) - 1]}"
             f" ({min(group, len(names) - i)} tensors)"
             for i in range(0, len(names), group)
         ]
-        index = None
     nrows = len(labels)
-    z: list[list[float | None]] = [[None] * nsteps for _ in range(nrows)]
-    bad_x, bad_y = [], []
-    span = (xr[1] - xr[0]) / nsteps
-    xs = [int(xr[0] + span * j) if nsteps > 1 else int(xr[0]) for j in range(nsteps)]
-    for r, bk, hi, bad in rows:
-        i = index[r] if index is not None else int(r)
-        if hi is not None:
-            # Zero gradients get the floor of the colour scale (log10(0) is -inf).
-            z[i][bk] = num(math.log10(hi) if hi > 0 else -30.0, 4)
+    best: list[list[float | None]] = [[None] * nsteps for _ in range(nrows)]
+    badcell: set[tuple[int, int]] = set()
+    for name, bk, norm, bad in rows:
+        i = row_of[name]
+        if norm is not None and math.isfinite(norm):
+            cur = best[i][bk]
+            best[i][bk] = norm if cur is None else max(cur, norm)
         if bad:
-            bad_x.append(xs[bk])
-            bad_y.append(i)
+            badcell.add((i, bk))
+    width = span / nsteps
+    xs = [lo + int(width * j) for j in range(nsteps)]
+    # Zero gradients get the floor of the colour scale (log10(0) is -inf).
+    z = [[None if v is None else num(math.log10(v) if v > 0 else -30.0, 4) for v in row]
+         for row in best]
+    bad_x = [xs[j] for i, j in sorted(badcell)]
+    bad_y = [i for i, j in sorted(badcell)]
     finite = sorted(v for row in z for v in row if v is not None and v > -30)
     zmin = finite[int(0.01 * (len(finite) - 1))] if finite else 0.0
     zmax = finite[-1] if finite else 1.0
@@ -229,11 +233,11 @@ def grad_heatmap(ctx: ReportContext) -> Chart | None:
                                                                             "color": RED}},
                        "hovertemplate": "NaN/Inf gradient<br>steps from %{x}<extra></extra>"})
     tick_every = max(1, math.ceil(nrows / 40))
-    tickvals = list(range(0, nrows, tick_every))
+    tickvals_y = list(range(0, nrows, tick_every))
     shapes, notes = finding_markers(ctx.findings, "grad-heatmap")
     fig = figure(
-        traces, xtitle="step", ytitle="",
-        yaxis={"tickvals": tickvals, "ticktext": [short(labels[i]) for i in tickvals],
+        traces, xtitle="step", ytitle="tensor",
+        yaxis={"tickvals": tickvals_y, "ticktext": [short(labels[i]) for i in tickvals_y],
                "autorange": "reversed", "automargin": True, "tickfont": {"size": 10},
                "showgrid": False, "zeroline": False},
         xaxis={"showgrid": False}, showlegend=bool(bad_x), shapes=shapes, annotations=notes,
@@ -241,7 +245,8 @@ def grad_heatmap(ctx: ReportContext) -> Chart | None:
     )
     caption = (f"{len(names):,} gradient tensors in model order"
                + (f", {group} per row" if group > 1 else "")
-               + f"; each cell is the largest norm over ~{max(1, round(span)):,} steps.")
+               + f"; each cell is the largest norm over ~{max(1, round(width)):,} steps"
+               + " (log colour scale).")
     if bad_x:
         caption += " ✕ marks cells with a NaN/Inf gradient."
     return Chart("grad-heatmap", "Gradient norm per tensor", fig, caption,
