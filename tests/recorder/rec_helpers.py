@@ -60,7 +60,7 @@ def train(rec: Any, model: nn.Module, opt: torch.optim.Optimizer, data: Iterable
         else:
             opt.step()
             rec.step(loss=loss, **metrics)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
