@@ -10,6 +10,7 @@ turns the vector back into rows (:class:`StepItem`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -18,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-
-from .stats import N_STATS
 
 if TYPE_CHECKING:
     from .writer import Writer
@@ -129,15 +128,14 @@ class StepItem:
             self.event.synchronize()
         w.step_hint = self.step
         vec = self.host.numpy() if self.host is not None else np.empty(0, np.float32)
-        off = 0
         # Several values of one label come from folded micro-batches: the step's loss is
         # their mean, lr and loss scale the last one.
         floats: dict[str, list[float]] = {k: list(v) for k, v in self.floats.items()}
         metrics = dict(self.metrics)
-        grad_norms = None
+        grad_norms: np.ndarray | None = None
         grad_names: tuple[str, ...] = ()
-        rows: dict[str, list[Any]] = {}
-        kinds: set[str] = set()
+        full_grads = False
+        off = 0
         for p in self.pieces:
             seg = vec[off: off + p.n]
             off += p.n
@@ -148,95 +146,75 @@ class StepItem:
             elif p.label == "grad_norms":
                 grad_norms, grad_names = seg.astype(np.float64), p.names
             elif p.label == "act_nf":
-                self._activation_nonfinite(w, p, seg, rows)
+                self._activation_nonfinite(w, p, seg)
             else:
-                kind = {"grad": "grad", "param": "param", "update": "update",
-                        "activation": "activation", "watch": "watch"}[p.label]
-                self._stat_rows(p, kind, seg, rows)
-                kinds.add(kind)
+                self._stat_rows(w, p, seg)
+                full_grads = full_grads or p.label == "grad"
         losses = floats.get("loss")
         loss = float(np.mean(losses)) if losses else None
-        lr = floats["lr"][-1] if floats.get("lr") else None
-        loss_scale = floats["loss_scale"][-1] if floats.get("loss_scale") else None
         grad_norm = nonfinite_grads = None
         if grad_norms is not None:
             with np.errstate(over="ignore", invalid="ignore"):
-                grad_norm = float(np.sqrt(np.sum(grad_norms * grad_norms)))
+                grad_norm = float(np.sqrt(np.dot(grad_norms, grad_norms)))
             bad = ~np.isfinite(grad_norms)
             nonfinite_grads = int(bad.sum())
-            # Full gradient stats (when computed this step) already carry the norm.
-            if "grad" not in kinds and self.store_grad_norms:
-                self._norm_rows(grad_names, grad_norms, rows)
+            # Full gradient statistics (when computed this step) already carry the norm.
+            if self.store_grad_norms and not full_grads:
+                n = len(grad_names)
+                w.append("tensor_stats", {"step": np.full(n, self.step, dtype=np.int64),
+                                          "name": _names(grad_names), "kind": _kinds("grad", n),
+                                          "norm": grad_norms})
             if nonfinite_grads:
-                self._report_nonfinite(w, "gradient", grad_names[int(np.argmax(bad))],
-                                       f"gradient of {grad_names[int(np.argmax(bad))]} "
-                                       f"holds NaN/Inf ({nonfinite_grads} gradient tensor(s))")
+                first = grad_names[int(np.argmax(bad))]
+                self._report_nonfinite(w, "gradient", first, f"gradient of {first} holds "
+                                       f"NaN/Inf ({nonfinite_grads} gradient tensor(s))")
         if loss is not None and not math.isfinite(loss):
             self._report_nonfinite(w, "loss", "loss", f"loss is {loss}")
         w.append("steps", {
             "step": [self.step], "time": [self.time], "duration_s": [self.duration_s],
-            "data_wait_s": [self.data_wait_s], "loss": [loss], "lr": [lr],
+            "data_wait_s": [self.data_wait_s], "loss": [loss],
+            "lr": [floats["lr"][-1] if floats.get("lr") else None],
             "grad_norm": [grad_norm], "nonfinite_grads": [nonfinite_grads],
-            "loss_scale": [loss_scale],
+            "loss_scale": [floats["loss_scale"][-1] if floats.get("loss_scale") else None],
             "amp_skipped": [bool(nonfinite_grads) if self.scaler and nonfinite_grads is not None
                             else None],
         })
         if metrics:
             w.append("metrics", {"step": [self.step] * len(metrics),
                                  "name": list(metrics), "value": list(metrics.values())})
-        if rows.get("name"):
-            cols = {k: np.concatenate(v) for k, v in rows.items()}
-            n = len(cols["name"])
-            w.append("tensor_stats", {"step": np.full(n, self.step, dtype=np.int64), **cols})
         if self.memory and self.probe is not None:
             snap = self.probe.snapshot()
             w.append("memory", {"step": [self.step], "time": [time.time()],
                                 **{k: [v] for k, v in snap.items()}})
 
     # -- helpers (writer thread) -------------------------------------------------------
-    @staticmethod
-    def _extend(rows: dict[str, list[Any]], cols: dict[str, Any]) -> None:
-        n = len(cols["name"])
-        for k in ("name", "kind", "numel", *_STAT_NAMES, "ratio", "seq"):
-            v = cols.get(k)
-            if v is None:
-                v = np.full(n, np.nan)
-            elif not isinstance(v, np.ndarray):
-                v = np.asarray(v, dtype=object if k in ("name", "kind") else None)
-            rows.setdefault(k, []).append(v)
-
-    def _stat_rows(self, p: Piece, kind: str, seg: np.ndarray, rows: dict) -> None:
-        m = seg.reshape(len(p.names), -1)
-        cols: dict[str, Any] = {"name": np.array(p.names, dtype=object),
-                                "kind": np.full(len(p.names), kind, dtype=object),
-                                "numel": np.array(p.numels, dtype=np.float64)}
-        if kind == "update":
-            upd, w = m[:, 0].astype(np.float64), m[:, 1].astype(np.float64)
+    def _stat_rows(self, w: Writer, p: Piece, seg: np.ndarray) -> None:
+        n = len(p.names)
+        m = seg.reshape(n, -1)
+        cols: dict[str, Any] = {"step": np.full(n, self.step, dtype=np.int64),
+                                "name": _names(p.names), "kind": _kinds(p.label, n),
+                                "numel": np.asarray(p.numels, dtype=np.int64)}
+        if p.label == "update":
+            upd, weight = m[:, 0].astype(np.float64), m[:, 1].astype(np.float64)
             cols["norm"] = upd
             with np.errstate(divide="ignore", invalid="ignore"):
-                cols["ratio"] = np.where(w > 0, upd / w, np.nan)
+                cols["ratio"] = np.where(weight > 0, upd / weight, np.nan)
         else:
-            for i, name in enumerate(_STAT_NAMES[:N_STATS]):
-                cols[name] = m[:, i].astype(np.float64)
+            for i, name in enumerate(_STAT_NAMES):
+                cols[name] = m[:, i]
         if p.seqs:
-            cols["seq"] = np.array(p.seqs, dtype=np.float64)
-        self._extend(rows, cols)
+            cols["seq"] = np.asarray(p.seqs, dtype=np.int32)
+        w.append("tensor_stats", cols)
 
-    def _norm_rows(self, names: tuple[str, ...], norms: np.ndarray, rows: dict) -> None:
-        n = len(names)
-        self._extend(rows, {"name": np.array(names, dtype=object),
-                            "kind": np.full(n, "grad", dtype=object),
-                            "numel": np.full(n, np.nan), "norm": norms})
-
-    def _activation_nonfinite(self, w: Writer, p: Piece, seg: np.ndarray, rows: dict) -> None:
+    def _activation_nonfinite(self, w: Writer, p: Piece, seg: np.ndarray) -> None:
         """Per-step NaN/Inf counts of module outputs: rows only when something went bad."""
         if not np.any(seg > 0):
             return
-        self._extend(rows, {"name": np.array(p.names, dtype=object),
-                            "kind": np.full(len(p.names), "activation", dtype=object),
-                            "numel": np.array(p.numels, dtype=np.float64),
-                            "nonfinite": seg.astype(np.float64),
-                            "seq": np.array(p.seqs, dtype=np.float64)})
+        n = len(p.names)
+        w.append("tensor_stats", {"step": np.full(n, self.step, dtype=np.int64),
+                                  "name": _names(p.names), "kind": _kinds("activation", n),
+                                  "numel": np.asarray(p.numels, dtype=np.int64),
+                                  "nonfinite": seg, "seq": np.asarray(p.seqs, dtype=np.int32)})
         first = int(np.argmax(seg > 0))  # pieces are in forward-completion order
         name = p.names[first]
         where = "the input batch" if name == "<input>" else f"the output of module {name!r}"
@@ -251,6 +229,17 @@ class StepItem:
         st[what] = self.step
         w.event("nonfinite", f"step {self.step}: {message}", severity="error",
                 subject=subject, step=self.step, source=what)
+
+
+@functools.lru_cache(maxsize=64)
+def _names(names: tuple[str, ...]) -> np.ndarray:
+    """Names as an object array, built once per distinct tuple (the same every step)."""
+    return np.array(names, dtype=object)
+
+
+@functools.lru_cache(maxsize=256)
+def _kinds(kind: str, n: int) -> np.ndarray:
+    return np.full(n, kind, dtype=object)
 
 
 def event_row(step: int | None, kind: str, message: str, *, severity: str,

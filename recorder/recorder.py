@@ -86,6 +86,7 @@ class Recorder:
         self._prepare_run_dir(resume)
         self._named_params = (list(self.model.named_parameters())
                               if self.model is not None else [])
+        self._grad_cache: tuple[Any, ...] | None = None
         self._device = self._pick_device()
         self._full = FullStats(self.config.stats_chunk_elems)
         self._probe = MemoryProbe(self._device)
@@ -466,11 +467,19 @@ class Recorder:
                 self._guard("optimizer_hook", self._commit, pending)
 
     def _grads(self) -> tuple[list[torch.Tensor], tuple[str, ...]]:
-        # One pass over the parameter list to collect .grad references (host-side attribute
-        # reads, no device work); frozen parameters and sparse gradients are skipped.
-        pairs = [(n, p.grad) for n, p in self._named_params
-                 if p.grad is not None and not p.grad.is_sparse]
-        return [g for _, g in pairs], tuple(n for n, _ in pairs)
+        # One pass over the parameters collecting .grad references (a host-side attribute
+        # read each, no device work). Frozen parameters have none. The names tuple and the
+        # sparse check are redone only when the set of parameters with gradients changes.
+        pairs = [(n, g) for n, p in self._named_params if (g := p.grad) is not None]
+        cache = self._grad_cache
+        if cache is None or cache[0] != len(pairs) or cache[1] is not pairs[0][0] if pairs \
+                else cache is None:
+            dense = tuple(n for n, g in pairs if not g.is_sparse)
+            self._grad_cache = cache = (len(pairs), pairs[0][0] if pairs else None, dense,
+                                        len(dense) == len(pairs))
+        if cache[3]:
+            return [g for _, g in pairs], cache[2]
+        return [g for _, g in pairs if not g.is_sparse], cache[2]
 
     def _due(self, every: int, step: int) -> bool:
         return every > 0 and step % every == 0

@@ -43,39 +43,84 @@ class _Stop:
 
 
 class TableBuffer:
-    """Rows of one table, held as columnar chunks until the next flush."""
+    """Rows of one table, held as raw column pieces until the next flush.
+
+    Appending is cheap (a list append per column); the conversion to Arrow — the
+    expensive part — happens once per flush, for all buffered rows at once.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.schema = TABLES[name]
-        self.chunks: list[pa.RecordBatch] = []
+        self.cols: dict[str, list[Any]] = {f.name: [] for f in self.schema}
+        self.counts: list[int] = []
         self.rows = 0
+        self.failed: list[pa.Table] = []  # converted rows whose write failed, oldest first
 
-    def append(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            self.chunks.append(batch)
-            self.rows += batch.num_rows
+    def append(self, columns: dict[str, Any], n: int) -> None:
+        if not n:
+            return
+        for name, pieces in self.cols.items():
+            pieces.append(columns.get(name))
+        self.counts.append(n)
+        self.rows += n
 
-    def take(self) -> pa.Table | None:
-        if not self.chunks:
+    def take(self, rank: int) -> pa.Table | None:
+        tables = self.failed
+        self.failed = []
+        if self.counts:
+            n = self.rows - sum(t.num_rows for t in tables)
+            arrays = []
+            for f in self.schema:
+                if f.name == "rank":
+                    arrays.append(pa.array(np.full(n, rank, dtype=np.int32)))
+                else:
+                    arrays.append(_column(self.cols[f.name], self.counts, f.type))
+            tables = [*tables, pa.Table.from_arrays(arrays, schema=self.schema)]
+            self.cols = {f.name: [] for f in self.schema}
+            self.counts = []
+        self.rows = 0
+        if not tables:
             return None
-        table = pa.Table.from_batches(self.chunks, schema=self.schema)
-        self.chunks, self.rows = [], 0
-        return table
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables).unify_dictionaries()
 
     def put_back(self, table: pa.Table) -> None:
         """Re-queue rows whose write failed, ahead of anything buffered since."""
-        self.chunks = table.to_batches() + self.chunks
+        self.failed.append(table)
         self.rows += table.num_rows
 
     def drop_oldest(self, keep_rows: int) -> int:
-        """Drop whole oldest chunks until at most keep_rows remain; returns rows dropped."""
+        """Drop the oldest failed batches until at most keep_rows remain; rows dropped."""
         dropped = 0
-        while self.chunks and self.rows > keep_rows:
-            b = self.chunks.pop(0)
-            self.rows -= b.num_rows
-            dropped += b.num_rows
+        while self.failed and self.rows > keep_rows:
+            t = self.failed.pop(0)
+            self.rows -= t.num_rows
+            dropped += t.num_rows
         return dropped
+
+
+def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
+    """One Arrow array from per-append pieces (numpy arrays, lists, or None = all null)."""
+    if all(p is None for p in pieces):
+        return pa.nulls(sum(counts), type=typ)
+    parts = []
+    for p, n in zip(pieces, counts, strict=True):
+        if p is None:
+            parts.append(np.full(n, None, dtype=object) if _is_text(typ)
+                         else np.full(n, np.nan))
+        elif isinstance(p, np.ndarray):
+            parts.append(p)
+        else:
+            # Lists of Python values; None becomes NaN in the float carrier (null later).
+            parts.append(np.asarray(p, dtype=object if _is_text(typ) else np.float64))
+    if len({a.dtype.kind for a in parts}) > 1:
+        parts = [a.astype(object) if _is_text(typ) else a.astype(np.float64) for a in parts]
+    values = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return _array(values, typ, len(values))
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    return pa.types.is_dictionary(typ) or pa.types.is_string(typ)
 
 
 class Writer:
@@ -141,12 +186,9 @@ class Writer:
 
     # ------------------------------------------------------------------ writer thread
     def append(self, table: str, columns: dict[str, Any]) -> None:
-        """Add rows (a dict of equal-length columns; rank is filled in) to a table."""
-        buf = self.buffers[table]
-        n = len(next(iter(columns.values())))
-        cols = {"rank": np.full(n, self.rank, dtype=np.int32), **columns}
-        arrays = [_array(cols.get(f.name), f.type, n) for f in buf.schema]
-        buf.append(pa.RecordBatch.from_arrays(arrays, schema=buf.schema))
+        """Add rows (a dict of equal-length columns; missing columns are null, rank is
+        filled in at flush) to a table."""
+        self.buffers[table].append(columns, len(next(iter(columns.values()))))
 
     def event(self, kind: str, message: str, *, severity: str = "warning",
               subject: str | None = None, stack: str | None = None,
@@ -220,7 +262,13 @@ class Writer:
                        dropped=dict(new_drops), dropped_total=dict(self.dropped))
         ok = True
         for buf in self.buffers.values():
-            table = buf.take()
+            try:
+                table = buf.take(self.rank)
+            except Exception as exc:  # unconvertible rows: lose them, loudly
+                self.dropped[buf.name] += buf.rows
+                buf.rows = 0
+                self.record_error(f"convert:{buf.name}", exc)
+                continue
             if table is None:
                 continue
             try:
@@ -231,6 +279,7 @@ class Writer:
                 self.record_error(f"write:{buf.name}", exc)
         total = sum(b.rows for b in self.buffers.values())
         if not ok and total > self.max_buffered_rows:
+            # Writes keep failing (disk full?): bound memory by dropping the oldest rows.
             for buf in self.buffers.values():
                 lost = buf.drop_oldest(self.max_buffered_rows // len(self.buffers))
                 if lost:

@@ -1,0 +1,166 @@
+"""Step-time overhead of the recorder, per preset, against the same loop without it.
+
+Method (the machine is shared and noisy, so separate processes are not comparable):
+two identical replicas of the model live in ONE process — same init, same batches — and
+their steps are alternated (ABBA order). Replica B carries the logger under test; replica A
+is bare. Per round, overhead = (median step time of B + CPU time the logger's own background
+threads used, per step) / median step time of A − 1. The A/A configuration (both bare)
+shows the noise floor. Figures: median and spread (min..max) over rounds; the mean-based
+overhead (which includes the rare cadence steps: full statistics, profiler windows) is
+printed too.
+
+    python benchmarks/overhead.py                       # both workloads, all configs
+    python benchmarks/overhead.py --workload mlp --rounds 5 --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import WORKLOADS, build  # noqa: E402
+
+from tracealyze.recorder import Recorder  # noqa: E402
+
+
+class HandRolledTB:
+    """How users usually log per-parameter statistics: .item() per value, every step."""
+
+    def __init__(self, logdir: str, model: torch.nn.Module) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.w = SummaryWriter(logdir)
+        self.named = list(model.named_parameters())
+        self.step_no = 0
+
+    def step(self, loss: torch.Tensor) -> None:
+        s = self.step_no
+        self.w.add_scalar("loss", loss.item(), s)
+        for n, p in self.named:
+            g = p.grad
+            if g is None:
+                continue
+            self.w.add_scalar(f"grad_norm/{n}", g.norm().item(), s)
+            self.w.add_scalar(f"grad_absmax/{n}", g.abs().max().item(), s)
+            self.w.add_scalar(f"grad_mean/{n}", g.mean().item(), s)
+            self.w.add_scalar(f"grad_std/{n}", g.std().item(), s)
+        self.step_no += 1
+
+    def close(self) -> None:
+        self.w.close()
+
+
+def _thread_cpu(ids: set[int]) -> float:
+    """CPU seconds (user + system) used so far by the given native thread ids."""
+    total = 0.0
+    for t in psutil.Process().threads():
+        if t.id in ids:
+            total += t.user_time + t.system_time
+    return total
+
+
+def one_round(workload: str, config: str, steps: int, warmup: int, seed: int) -> dict:
+    _, make_batch, loss_fn = WORKLOADS[workload]
+    model_a, opt_a = build(workload, seed)
+    model_b, opt_b = build(workload, seed)
+    before = {t.native_id for t in threading.enumerate()}
+    tmp = tempfile.mkdtemp(prefix=f"tz-bench-{workload}-{config}-")
+    logger = None
+    if config in ("minimal", "standard", "debug"):
+        logger = Recorder(Path(tmp) / "run", model=model_b, optimizer=opt_b, preset=config)
+    elif config == "tensorboard":
+        logger = HandRolledTB(tmp, model_b)
+    bg_ids = {t.native_id for t in threading.enumerate()} - before
+    g = torch.Generator().manual_seed(seed)
+    batches = [make_batch(g) for _ in range(8)]
+
+    def train_step(model, opt, x, y, log) -> float:
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if log is not None:
+            log.step(loss=loss)
+        return time.perf_counter() - t0
+
+    ta, tb = [], []
+    cpu0 = 0.0
+    for i in range(warmup + steps):
+        if i == warmup:
+            cpu0 = _thread_cpu(bg_ids)
+        x, y = batches[i % len(batches)]
+        # ABBA: alternate which replica goes first, so cache/thermal order effects cancel.
+        if i % 2 == 0:
+            a = train_step(model_a, opt_a, x, y, None)
+            b = train_step(model_b, opt_b, x, y, logger)
+        else:
+            b = train_step(model_b, opt_b, x, y, logger)
+            a = train_step(model_a, opt_a, x, y, None)
+        if i >= warmup:
+            ta.append(a)
+            tb.append(b)
+    bg = _thread_cpu(bg_ids) - cpu0
+    t_close = time.perf_counter()
+    if logger is not None:
+        logger.close()
+    t_close = time.perf_counter() - t_close
+    bg_per_step = bg / steps
+    med_a, med_b = statistics.median(ta), statistics.median(tb)
+    return {
+        "median_overhead": (med_b + bg_per_step) / med_a - 1,
+        "mean_overhead": (statistics.fmean(tb) + bg_per_step) / statistics.fmean(ta) - 1,
+        "step_s": med_a, "bg_cpu_per_step_s": bg_per_step, "close_s": t_close,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=["gpt", "mlp", "all"], default="all")
+    ap.add_argument("--configs", default="aa,minimal,standard,debug,tensorboard")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=0, help="measured steps per round "
+                    "(default: 30 for gpt, 120 for mlp)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--json", help="also write results to this JSON file")
+    args = ap.parse_args()
+    workloads = ["gpt", "mlp"] if args.workload == "all" else [args.workload]
+    results = {}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{psutil.cpu_count()} CPUs", flush=True)
+    for w in workloads:
+        steps = args.steps or {"gpt": 30, "mlp": 120}[w]
+        for cfg in args.configs.split(","):
+            rounds = [one_round(w, cfg, steps, args.warmup, seed=r) for r in range(args.rounds)]
+            med = [r["median_overhead"] * 100 for r in rounds]
+            mean = [r["mean_overhead"] * 100 for r in rounds]
+            res = {
+                "median_pct": statistics.median(med), "min_pct": min(med), "max_pct": max(med),
+                "mean_based_pct": statistics.median(mean),
+                "step_s": statistics.median(r["step_s"] for r in rounds),
+                "bg_cpu_ms_per_step": 1e3 * statistics.median(
+                    r["bg_cpu_per_step_s"] for r in rounds),
+                "close_s": statistics.median(r["close_s"] for r in rounds),
+            }
+            results[f"{w}/{cfg}"] = res
+            print(f"{w:4s} {cfg:12s} overhead median {res['median_pct']:+6.2f}% "
+                  f"(spread {res['min_pct']:+.2f}..{res['max_pct']:+.2f}%, "
+                  f"mean-based {res['mean_based_pct']:+.2f}%) "
+                  f"step {res['step_s'] * 1e3:.0f} ms, bg cpu {res['bg_cpu_ms_per_step']:.2f}"
+                  f" ms/step, close {res['close_s']:.2f} s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
