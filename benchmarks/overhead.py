@@ -28,9 +28,8 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import WORKLOADS, build  # noqa: E402
-
-from tracealyze.recorder import Recorder  # noqa: E402
+from tracealyze.recorder import Recorder
+from workloads import WORKLOADS, build
 
 
 class HandRolledTB:
