@@ -150,6 +150,19 @@ def _natural_key(name: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
+def _model_order(ctx: ReportContext, where: str, names: set[str]) -> list[str]:
+    """Tensor names in model order: the order they first appear in the recorded rows (the
+    recorder writes each step's statistics in named_parameters() order, and DuckDB keeps
+    file order for a plain filtered scan). Names not seen in the first rows follow in natural
+    order (layers.2 before layers.10)."""
+    first = ctx.con.execute(
+        f"SELECT name FROM tensor_stats WHERE {where} AND name IS NOT NULL LIMIT ?",
+        [ctx.rank, 4 * len(names) + 1000]).fetchall()
+    seen = [n for n in dict.fromkeys(r[0] for r in first) if n in names]
+    rest = sorted(names - set(seen), key=_natural_key)
+    return seen + rest
+
+
 def _heat_range(ctx: ReportContext, where: str) -> tuple[int, int] | None:
     # The steps table (one row per step) gives the range far cheaper than a scan of
     # tensor_stats; tensor statistics are taken at recorded steps.
@@ -184,7 +197,7 @@ def grad_heatmap(ctx: ReportContext) -> Chart | None:
     ).fetchall()
     if not rows:
         return None
-    names = sorted({r[0] for r in rows}, key=_natural_key)
+    names = _model_order(ctx, where, {r[0] for r in rows})
     group = max(1, math.ceil(len(names) / HEAT_LAYERS))
     row_of = {n: i // group for i, n in enumerate(names)}
     if group == 1:

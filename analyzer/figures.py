@@ -128,9 +128,11 @@ def finding_markers(findings: list[dict[str, Any]], anchor: str) -> tuple[list, 
         seen.add((x, f.get("id")))
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
                        "y0": 0, "y1": 1, "line": {"color": colour, "width": 1.5, "dash": "dot"}})
-        notes.append({"xref": "x", "yref": "paper", "x": x, "y": 1, "yanchor": "bottom",
-                      "showarrow": False, "text": esc(f.get("id"), 40),
-                      "font": {"color": colour, "size": 11}})
+        # Inside the plot, right of the line: the strip above the plot holds the legend and
+        # buttons.
+        notes.append({"xref": "x", "yref": "paper", "x": x, "y": 1, "yanchor": "top",
+                      "xanchor": "left", "showarrow": False, "text": esc(f.get("id"), 40),
+                      "font": {"color": colour, "size": 11}, "bgcolor": "rgba(255,255,255,0.8)"})
     return shapes, notes
 
 

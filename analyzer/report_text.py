@@ -80,8 +80,27 @@ def format_value(key: str, value: Any) -> str:
             isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
         shown = ", ".join(format_value(key, v) for v in value[:12])
         return shown + (f", … ({len(value)} in all)" if len(value) > 12 else "")
+    if isinstance(value, dict):
+        if not value:
+            return "none"
+        if all(isinstance(v, (int, float, str, type(None))) for v in value.values()):
+            items = [f"{k}: {format_value(key, v)}" for k, v in list(value.items())[:12]]
+            return ", ".join(items) + (", …" if len(value) > 12 else "")
     text = json.dumps(value, default=str)
     return text if len(text) <= 300 else text[:299] + "…"
+
+
+_UNIT_SUFFIXES = ("_bytes", "_us", "_ms", "_s", "_seconds", "_pct", "_percent")
+
+
+def _label(key: str, value: Any) -> str:
+    """'idle_us' -> 'idle' when the value is shown with its unit ('12.9 s')."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for suffix in _UNIT_SUFFIXES:
+            if key.endswith(suffix) and len(key) > len(suffix):
+                key = key[: -len(suffix)]
+                break
+    return key.replace("_", " ")
 
 
 def _table(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,7 +108,7 @@ def _table(key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         cols.extend(c for c in r if c not in cols)
     cols = cols[:MAX_TABLE_COLS]
-    return {"columns": [c.replace("_", " ") for c in cols],
+    return {"columns": [_label(c, rows[0].get(c)) for c in cols],
             "rows": [[format_value(c, r.get(c)) for c in cols] for r in rows[:MAX_TABLE_ROWS]],
             "more": max(0, len(rows) - MAX_TABLE_ROWS)}
 
@@ -100,7 +119,7 @@ def format_evidence(evidence: dict[str, Any], limit: int = 14) -> dict[str, list
     values: list[tuple[str, str]] = []
     tables: list[tuple[str, dict[str, Any]]] = []
     for key, value in list(evidence.items())[:limit]:
-        label = str(key).replace("_", " ")
+        label = _label(str(key), value)
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             tables.append((label, _table(str(key), value)))
         else:
