@@ -60,6 +60,12 @@
     var title = { text: el.getAttribute("data-title"), x: 0, xanchor: "left", y: 0.98,
                   yanchor: "top", font: { size: 15, color: "#0f172a" } };
     var layout = merge(merge(BASE, { title: title }), fig.layout);
+    if (!fig.layout.hovermode && fig.data.some(function (t) {
+      return t.type === "scatter" && (t.mode || "").indexOf("lines") >= 0;
+    })) {
+      // line charts: hovering anywhere above a step shows the values there (TensorBoard-like)
+      layout.hovermode = "x";
+    }
     if (layout.updatemenus) {
       // the linear/log switch takes the top right: legend goes under the plot
       layout.legend = merge(layout.legend, { x: 0, y: -0.2, yanchor: "top" });

@@ -83,10 +83,17 @@ def test_report_renders_in_chromium(browser: Any, reports: dict[str, Path], name
             assert "RuntimeError: boom" in det.inner_text()
             # hostile text is shown as text
             assert "<img src=x" in page.locator(".event-msg").first.inner_text()
-            # hover works: plotly shows a label over the loss line
-            box = page.locator("#plot-loss .nsewdrag").first.bounding_box()
-            page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.5)
-            page.wait_for_timeout(150)
+            # hover shows values: anywhere above a step on line charts, per cell on heatmaps
+            for pid in ("loss", "memory", "grad-heatmap"):
+                page.locator(f"#{pid}").scroll_into_view_if_needed()
+                box = page.locator(f"#plot-{pid} .nsewdrag").first.bounding_box()
+                for frac in (0.3, 0.32):  # plotly acts on mouse *moves*
+                    page.mouse.move(box["x"] + box["width"] * frac,
+                                    box["y"] + box["height"] * 0.4)
+                    page.wait_for_timeout(120)
+                label = page.evaluate(f"""() => Array.from(document.querySelectorAll(
+                    '#plot-{pid} .hoverlayer .hovertext')).map(e => e.textContent).join(' ')""")
+                assert "step" in label or "steps from" in label, (pid, label)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
     finally:
