@@ -69,6 +69,8 @@ class StepAccum:
             return
         if isinstance(value, torch.Tensor):
             t = value.detach()
+            if t.numel() == 0:
+                return  # an empty tensor carries no value: recorded as null
             if t.numel() != 1:
                 t = t.float().mean()  # a per-sample loss vector is recorded as its mean
             self.add(Piece(label, 1, metric=metric), t.reshape(1).float())
@@ -202,6 +204,12 @@ class StepItem:
         else:
             for i, name in enumerate(_STAT_NAMES):
                 cols[name] = m[:, i]
+            empty = cols["numel"] == 0
+            if empty.any():  # an empty tensor has no mean, min, ...: null, not NaN
+                for name in ("absmax", "mean", "std", "min", "max", "zero_frac"):
+                    col = cols[name].astype(object)
+                    col[empty] = None
+                    cols[name] = list(col)
         if p.seqs:
             cols["seq"] = np.asarray(p.seqs, dtype=np.int32)
         w.append("tensor_stats", cols)

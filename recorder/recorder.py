@@ -98,6 +98,7 @@ class Recorder:
         )
         self._acc = StepAccum(step=self._next_step)
         self._pending: StepAccum | None = None
+        self._pending_sig: tuple[int, int] | None = None
         self._last_end = time.time()
         self._closed = False
         self._status = "running"
@@ -400,11 +401,17 @@ class Recorder:
                     # optimizer post-hook came): it is complete.
                     self._commit(self._pending)
                     self._pending = None
-                else:
-                    # rec.step() again before the optimizer stepped: a micro-batch of
-                    # gradient accumulation. Fold this call into the pending step.
+                elif self._grad_signature() != self._pending_sig:
+                    # rec.step() again before the optimizer stepped, and a backward pass ran
+                    # in between: a micro-batch of gradient accumulation. Fold this call
+                    # into the pending step (a recorded step is an optimizer step).
                     acc = self._pending
                     self._fold_into(acc, self._acc)
+                else:
+                    # No backward since: not accumulation, just a step without an optimizer
+                    # step (evaluation, a skipped step). It is complete as it is.
+                    self._commit(self._pending)
+                    self._pending = None
             if step is not None:
                 acc.step = int(step)
             acc.add_scalar("loss", loss)
@@ -432,9 +439,20 @@ class Recorder:
                 # Optimizer given but it has not stepped yet (rec.step() before opt.step()):
                 # its hooks attach the gradients (and update ratios), then commit.
                 self._pending = acc
+                self._pending_sig = self._grad_signature()
             if self._profiler is not None:
                 self._profiler.after_step()
                 self._profiler.before_step(self._acc.step)
+
+    def _grad_signature(self) -> tuple[int, int] | None:
+        """Identity and in-place version of the first gradient: changes with every backward
+        pass (a new tensor after zero_grad(set_to_none=True), a version bump when
+        accumulating into an existing one). One attribute read, no device work."""
+        for _, p in self._named_params:
+            g = p.grad
+            if g is not None:
+                return id(g), g._version
+        return None
 
     @staticmethod
     def _fold_into(target: StepAccum, extra: StepAccum) -> None:
@@ -468,17 +486,17 @@ class Recorder:
 
     def _grads(self) -> tuple[list[torch.Tensor], tuple[str, ...]]:
         # One pass over the parameters collecting .grad references (a host-side attribute
-        # read each, no device work). Frozen parameters have none. The names tuple and the
-        # sparse check are redone only when the set of parameters with gradients changes.
+        # read each, no device work). Frozen parameters have none; sparse gradients are
+        # skipped (checked only when the set of names changes).
         pairs = [(n, g) for n, p in self._named_params if (g := p.grad) is not None]
+        names = tuple(n for n, _ in pairs)
         cache = self._grad_cache
-        if cache is None or cache[0] != len(pairs) or cache[1] is not pairs[0][0] if pairs \
-                else cache is None:
-            dense = tuple(n for n, g in pairs if not g.is_sparse)
-            self._grad_cache = cache = (len(pairs), pairs[0][0] if pairs else None, dense,
-                                        len(dense) == len(pairs))
-        if cache[3]:
-            return [g for _, g in pairs], cache[2]
+        if cache is None or cache[0] != names:
+            dense = tuple(not g.is_sparse for _, g in pairs)
+            self._grad_cache = cache = (names, all(dense),
+                                        tuple(n for n, d in zip(names, dense, strict=True) if d))
+        if cache[1]:
+            return [g for _, g in pairs], names
         return [g for _, g in pairs if not g.is_sparse], cache[2]
 
     def _due(self, every: int, step: int) -> bool:

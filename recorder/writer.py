@@ -100,23 +100,34 @@ class TableBuffer:
 
 
 def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
-    """One Arrow array from per-append pieces (numpy arrays, lists, or None = all null)."""
+    """One Arrow array from per-append pieces: numpy arrays, lists (None = null), or None
+    (column not given: all null). A NaN value stays NaN — a NaN loss is data, not a gap."""
+    text = _is_text(typ)
     if all(p is None for p in pieces):
         return pa.nulls(sum(counts), type=typ)
-    parts = []
+    if text:
+        vals = np.concatenate([np.full(n, None, dtype=object) if p is None
+                               else np.asarray(p, dtype=object)
+                               for p, n in zip(pieces, counts, strict=True)])
+        arr = pa.array(vals, type=pa.string())
+        return arr.dictionary_encode().cast(typ) if pa.types.is_dictionary(typ) else arr
+    vals, nulls = [], []
     for p, n in zip(pieces, counts, strict=True):
         if p is None:
-            parts.append(np.full(n, None, dtype=object) if _is_text(typ)
-                         else np.full(n, np.nan))
+            vals.append(np.zeros(n))
+            nulls.append(np.ones(n, dtype=bool))
         elif isinstance(p, np.ndarray):
-            parts.append(p)
-        else:
-            # Lists of Python values; None becomes NaN in the float carrier (null later).
-            parts.append(np.asarray(p, dtype=object if _is_text(typ) else np.float64))
-    if len({a.dtype.kind for a in parts}) > 1:
-        parts = [a.astype(object) if _is_text(typ) else a.astype(np.float64) for a in parts]
-    values = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    return _array(values, typ, len(values))
+            vals.append(p)
+            nulls.append(np.zeros(n, dtype=bool))
+        else:  # a list of Python values
+            mask = np.fromiter((v is None for v in p), dtype=bool, count=n)
+            vals.append(np.array([0 if v is None else v for v in p], dtype=np.float64))
+            nulls.append(mask)
+    values = np.concatenate(vals) if len(vals) > 1 else vals[0]
+    mask = np.concatenate(nulls) if len(nulls) > 1 else nulls[0]
+    if not pa.types.is_floating(typ):
+        values = values.astype(typ.to_pandas_dtype())
+    return pa.array(values, type=typ, mask=mask if mask.any() else None)
 
 
 def _is_text(typ: pa.DataType) -> bool:
@@ -338,24 +349,6 @@ def write_parquet_atomic(tables: pa.Table | list[pa.Table] | Any, final: Path) -
         except OSError:
             pass
         raise
-
-
-def _array(values: Any, typ: pa.DataType, n: int) -> pa.Array:
-    if values is None:
-        return pa.nulls(n, type=typ)
-    if isinstance(values, pa.Array):
-        return values if values.type == typ else values.cast(typ)
-    if pa.types.is_dictionary(typ):
-        return pa.array(values, type=typ.value_type).dictionary_encode().cast(typ)
-    if isinstance(values, np.ndarray) and values.dtype.kind == "f" and not pa.types.is_floating(
-            typ):
-        # float carrier for an integer/bool column: NaN means null.
-        mask = np.isnan(values)
-        return pa.array(np.where(mask, 0, values).astype(typ.to_pandas_dtype()), type=typ,
-                        mask=mask)
-    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
-        return pa.array(values, type=typ, from_pandas=True)  # NaN -> null
-    return pa.array(values, type=typ, from_pandas=True)
 
 
 def next_seq(run_dir: Path, rank: int) -> int:
