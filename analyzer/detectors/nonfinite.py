@@ -30,7 +30,8 @@ DOC = {
     "fixes": "Lower the learning rate, clip gradients, guard log/sqrt/div with eps, check the "
              "input batch at that step, use bf16 or a GradScaler with fp16.",
 }
-_INPUT_NAMES = ("input", "inputs", "batch", "data")
+# "<input>" is what the recorder names the model's input batch in its NaN tracing.
+_INPUT_NAMES = ("<input>", "input", "inputs", "batch", "data")
 
 
 def _first_steps(ctx: Context) -> dict[str, Any]:
