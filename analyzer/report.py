@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -48,7 +49,8 @@ def script_json(data: Any) -> str:
 
 class Progress:
     """A progress bar on stderr that appears only once the work has taken more than a second
-    (a small report stays silent)."""
+    (a small report stays silent). A timer draws it at that second even in the middle of a
+    long stage (the detectors on a big run), then each finished stage redraws it."""
 
     def __init__(self, total: int, enabled: bool, stream: Any = None,
                  delay_s: float = 1.0) -> None:
@@ -57,26 +59,45 @@ class Progress:
         self.start = time.perf_counter()
         self.delay_s = delay_s
         self.shown = False
+        self.label = "opening run"
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        if enabled and delay_s > 0:
+            self._timer = threading.Timer(delay_s, self._draw)
+            self._timer.daemon = True
+            self._timer.start()
 
     def step(self, label: str) -> None:
-        self.done += 1
-        if not self.enabled or time.perf_counter() - self.start < self.delay_s:
-            return
-        self.shown = True
-        width = 24
-        fill = round(width * self.done / self.total)
-        bar = f"report [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {label}"
-        if self.tty:
-            self.stream.write("\r" + bar.ljust(72))
-        else:
-            self.stream.write(bar + "\n")
-        self.stream.flush()
+        with self._lock:
+            self.done += 1
+            self.label = label
+        if self.enabled and time.perf_counter() - self.start >= self.delay_s:
+            self._draw()
+
+    def _draw(self) -> None:
+        with self._lock:
+            if self.done > self.total:
+                return
+            self.shown = True
+            width = 24
+            fill = round(width * self.done / self.total)
+            bar = (f"report [{'#' * fill}{'.' * (width - fill)}] "
+                   f"{self.done}/{self.total} {self.label}")
+            if self.tty:
+                self.stream.write("\r" + bar.ljust(72))
+            else:
+                self.stream.write(bar + "\n")
+            self.stream.flush()
 
     def finish(self) -> None:
-        if self.shown and self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self.done = self.total + 1  # a late timer must not draw after this
+            if self.shown and self.tty:
+                self.stream.write("\n")
+                self.stream.flush()
 
 
 def _open_run(run_dir: Path) -> Any:
@@ -216,6 +237,13 @@ def write_report(run_dir: Path, out: Path | None = None, *, overrides: Any = Non
     run_dir = Path(run_dir)
     out = Path(out) if out is not None else run_dir / "report.html"
     bar = Progress(total=7, enabled=progress)
+    try:
+        return _write_report(run_dir, out, overrides, bar)
+    finally:
+        bar.finish()
+
+
+def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Path:
     run = _open_run(run_dir)
     try:
         bar.step("opened run")
@@ -233,7 +261,6 @@ def write_report(run_dir: Path, out: Path | None = None, *, overrides: Any = Non
     html = render(model)
     bar.step("rendered")
     _write_atomic(out, html)
-    bar.finish()
     return out
 
 

@@ -281,6 +281,12 @@ def test_progress_bar_only_after_the_delay() -> None:
     p = Progress(total=3, enabled=False, stream=off, delay_s=0.0)
     p.step("a")
     assert off.getvalue() == ""
+    # a long first stage still shows the bar once the delay has passed (timer thread)
+    mid = io.StringIO()
+    p = Progress(total=3, enabled=True, stream=mid, delay_s=0.01)
+    p._timer.join()
+    assert "0/3" in mid.getvalue()
+    p.finish()
 
 
 def test_report_works_offline(reports: dict[str, Path]) -> None:
