@@ -9,6 +9,7 @@ typically many steps before the first NaN.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,8 +54,16 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     win = np.lib.stride_tricks.sliding_window_view(pad, w + 1)[:, :-1]  # previous w points
     lo = win.min(axis=1)
     lo_at = win.argmin(axis=1) - w + np.arange(len(xs))  # index of that minimum
+    # The rise must also clear the window's typical level (median), not just its minimum:
+    # a small tensor's gradient (e.g. a bias near convergence) is noisy in log space and
+    # rebounds 10x from a single deep dip back to its usual level without growing at all.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN (padding) windows
+        typical = np.nanmedian(np.where(np.isinf(win), np.nan, win), axis=1)
     need = math.log(float(th["factor"]))
-    for i in np.flatnonzero(xs - lo >= need):
+    with np.errstate(invalid="ignore"):
+        rising = (xs - lo >= need) & (xs - typical >= need)
+    for i in np.flatnonzero(rising):
         j = int(lo_at[i])
         if j < 0:
             continue
@@ -67,9 +76,12 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
             len(rest) >= th["sustain"] or ends_nonfinite or i + len(rest) == len(xs))
         if not sustained:
             continue
-        # onset: the last point still near the minimum (a flat, noisy baseline has its
-        # minimum anywhere; growth starts where the series leaves it for good)
-        near = np.flatnonzero(xs[j:i + 1] <= lo[i] + 0.1 * need)
+        # onset: the last point still at the typical level before the rise (a flat, noisy
+        # baseline has its minimum anywhere; growth starts where the series leaves that
+        # level for good). The level is the median of the window before the minimum, so the
+        # growth itself does not raise it.
+        level = typical[j] if np.isfinite(typical[j]) else lo[i]
+        near = np.flatnonzero(xs[j:i + 1] <= max(level, lo[i]) + 0.1 * need)
         j = j + int(near[-1]) if len(near) else j
         slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
         return {"onset": int(step[j]), "cross": int(step[i]), "from": float(math.exp(x[j])),
