@@ -1,0 +1,40 @@
+"""Memory leaks of three kinds, each starting at LEAK_STEP, must be found on host RSS."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.scenarios import checks
+from tests.scenarios import scenarios as S
+
+LEAKS: dict[str, Callable[..., Path]] = {
+    "tensor_list": S.run_leak_tensor_list,
+    "loss_history_with_graphs": S.run_leak_loss_history,
+    "cache_dict_by_step": S.run_leak_cache_dict,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LEAKS))
+def test_leak_is_found_on_rss_from_its_start(kind: str, tmp_path: Path) -> None:
+    run = LEAKS[kind](tmp_path / kind)
+    summary = checks.summarize(run)
+    leak = checks.one(summary, "memory_leak")
+    assert leak["subject"] == "rss_bytes"
+    assert leak["severity"] in ("error", "critical")
+    # The onset is estimated from window floors (~4 steps each) after a warm-up; it must
+    # point at the leak's start, not at the run's start or its end.
+    assert S.LEAK_STEP - 10 <= leak["first_step"] <= S.LEAK_STEP + 30, checks.describe(summary)
+    # Each leak keeps at least ~1 MiB per step alive; the slope must say so (not, e.g., the
+    # recorder's own buffers).
+    assert leak["evidence"]["slope_bytes_per_step"] >= 0.5 * S.LEAK_BYTES_PER_STEP
+    checks.assert_only(summary, run, {"memory_leak"})
+
+
+def test_leak_fails_the_ci_gate(tmp_path: Path) -> None:
+    run = S.run_leak_cache_dict(tmp_path / "leak", steps=160)
+    code, summary = checks.cli_summary(run, "--fail-on", "error")
+    assert code == 1
+    assert [f["subject"] for f in checks.by_id(summary, "memory_leak")] == ["rss_bytes"]
