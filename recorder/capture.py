@@ -90,7 +90,11 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | None, Any]:
     """
     if not acc.tensors:
         return None, None
-    device = acc.tensors[0].device
+    # Gather on the accelerator when there is one: a CPU scalar (say, a loss computed on the
+    # host) is staged up with a tiny non-blocking copy, and the device pieces never go
+    # through an unsynchronised copy into pageable host memory.
+    device = next((t.device for t in acc.tensors if t.device.type != "cpu"),
+                  acc.tensors[0].device)
     parts = [t.reshape(-1).to(device=device, dtype=torch.float32, non_blocking=True)
              for t in acc.tensors]
     flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
@@ -100,8 +104,10 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | None, Any]:
         event = torch.cuda.Event()
         event.record()
         return host, event
-    if device.type != "cpu":  # other accelerators: a plain async copy where supported
-        return flat.to("cpu", non_blocking=True), None
+    if device.type != "cpu":
+        # Other accelerators (MPS, XPU, ...) have no pinned-copy + event path here: this
+        # blocking copy is a host-device sync point, once per recorded step.
+        return flat.to("cpu"), None
     return flat, None
 
 

@@ -77,7 +77,7 @@ class FullStats:
         if chunk_elems < 1:
             raise ValueError("chunk_elems must be >= 1")
         self.chunk_elems = chunk_elems
-        self._layouts: dict[tuple, list[_Chunk]] = {}
+        self._layouts: dict[tuple, tuple[list[_Chunk], torch.Tensor]] = {}
 
     def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """``[len(tensors), 8]`` float32 on the first tensor's device, columns NORM..NONFINITE.
@@ -93,17 +93,19 @@ class FullStats:
         tensors = [t.to(device, non_blocking=True) if t.device != device else t
                    for t in tensors]
         key = (device, tuple(t.numel() for t in tensors))
-        chunks = self._layouts.get(key)
-        if chunks is None:
-            chunks = self._plan(key[1], device)
+        layout = self._layouts.get(key)
+        if layout is None:
+            # Built once per layout. On CUDA the small host-to-device copy of `numel` (and
+            # of each chunk's index tensors) happens only then, never per call.
+            numel = torch.tensor(key[1], dtype=torch.float32).to(device, non_blocking=True)
+            layout = (self._plan(key[1], device), numel)
             if len(self._layouts) > 64:  # models whose tensor set keeps changing
                 self._layouts.clear()
-            self._layouts[key] = chunks
+            self._layouts[key] = layout
+        chunks, numel = layout
         flat = [t.detach().reshape(-1) for t in tensors]
         piece_stats = torch.cat([c.reduce(flat) for c in chunks]) if chunks else None
-        numel = torch.tensor([t.numel() for t in tensors], dtype=torch.float32)
-        return _combine(piece_stats, chunks, len(tensors), numel.to(device, non_blocking=True),
-                        device)
+        return _combine(piece_stats, chunks, len(tensors), numel, device)
 
     def _plan(self, numels: tuple[int, ...], device: torch.device) -> list[_Chunk]:
         """Group tensors into chunks of at most chunk_elems elements; a tensor larger than a
@@ -194,7 +196,9 @@ def _combine(piece_stats: torch.Tensor | None, chunks: list[_Chunk], n: int,
     mn = torch.full((n,), inf, device=device).scatter_reduce_(0, owner, p_min, "amin")
     mx = torch.full((n,), -inf, device=device).scatter_reduce_(0, owner, p_max, "amax")
     has = count > 0
-    nan = torch.tensor(math.nan, device=device)
+    # torch.full fills on the device; torch.tensor(nan, device=cuda) would be a synchronous
+    # host-to-device copy.
+    nan = torch.full((), math.nan, device=device)
     out[:, NORM] = add(p_sumsq).sqrt()
     out[:, MEAN] = torch.where(has, mean, nan)
     out[:, STD] = torch.where(has, (m2 / count.clamp(min=1.0)).clamp(min=0.0).sqrt(), nan)
