@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,8 +36,21 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
     resid = loss - base
     sigma = _stats.mad_sigma(resid)
     floor = float(th["min_rel_jump"]) * np.abs(base)
+    # A spike is also a jump up from the level just before it (median of the previous half
+    # window). Near the start the centred window is cut off: while the loss still falls fast
+    # its median lies far below the first losses, which would otherwise all look like spikes
+    # (the first step, with nothing before it, never is one).
+    h = max(1, int(th["window"]) // 2)
+    before = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate([np.full(h, np.nan), loss.astype(np.float64)]), h)[:-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (step 0) → NaN
+        prev = np.nanmedian(before, axis=1)
+    jump = loss - prev
+    thr = th["z"] * max(sigma, 1e-12)
     with np.errstate(invalid="ignore"):
-        hit = np.isfinite(loss) & (resid > th["z"] * max(sigma, 1e-12)) & (resid > floor)
+        hit = (np.isfinite(loss) & (resid > thr) & (resid > floor)
+               & (jump > thr) & (jump > float(th["min_rel_jump"]) * np.abs(prev)))
     return np.flatnonzero(hit), base, resid, sigma
 
 
