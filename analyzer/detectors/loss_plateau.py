@@ -27,7 +27,8 @@ DOC = {
     "meaning": "The loss stopped decreasing (or never did).",
     "rule": "the longest tail of the run where the loss (window medians) fell by less than "
             "min_rel_decrease of its level, or did not fall significantly (Mann–Kendall "
-            "p ≥ max_p); warning when it covers ≥ warn_frac of the run, else info.",
+            "p ≥ max_p); warning when it covers ≥ warn_frac of the run and the whole run did "
+            "not decrease either, else info.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -70,7 +71,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         return []
     first = int(x[plateau_i])
     frac = (step[-1] - first) / span
-    sev = "warning" if frac >= th["warn_frac"] else "info"
+    # "Never learned" needs the run as a whole not to have decreased either: a model that
+    # converges quickly (loss down 99% in the first 15% of the steps) and then sits at its
+    # noise floor has a long plateau too, but that is normal convergence.
+    sev = "warning" if frac >= th["warn_frac"] and not _decreasing(y, th) else "info"
     level = float(np.median(y[plateau_i:]))
     never = sev == "warning"
     title = "Loss is not decreasing" if never else "Loss has plateaued"
