@@ -27,7 +27,7 @@ from .report_context import ReportContext
 
 HEAT_STEPS = 200
 """Step buckets of the gradient heatmap (columns)."""
-HEAT_LAYERS = 160
+HEAT_LAYERS = 256
 """Most rows of the heatmap; larger models merge consecutive tensors into one row."""
 MAX_METRICS = 16
 """User metrics charted (the rest are named in the caption)."""
