@@ -22,16 +22,44 @@ DEFAULTS: dict[str, Any] = {
 DOC = {
     "meaning": "Some steps take much longer than the rest (stalls, GC, checkpoints, syncs).",
     "rule": "after warm-up, duration − median > z × 1.4826·MAD and > min_rel × median; info "
-            "unless the excess time of the outliers is ≥ warn_time_share of the total.",
+            "unless the excess time of the outliers is ≥ warn_time_share of the total. Steps "
+            "where the recorder computed full statistics or profiled are not judged.",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
 }
 
 
+def recorder_busy(knobs: Mapping[str, Any], step: np.ndarray) -> np.ndarray:
+    """Steps at which the recorder itself did planned extra work (full statistics cadences,
+    profiler windows and the trace export after them), from run.json's knobs. On a small
+    model these steps are several times slower by design (e.g. every 10th step with the debug
+    preset): they are the recorder's cost, not stalls of the training."""
+    busy = np.zeros(len(step), dtype=bool)
+    for k in ("tensor_stats_every", "param_stats_every", "activation_stats_every",
+              "update_ratio_every"):
+        every = int(knobs.get(k) or 0)
+        if every > 0:
+            busy |= step % every == 0
+    start, every = int(knobs.get("profile_start") or 0), int(knobs.get("profile_every") or 0)
+    if start > 0 or every > 0:
+        warmup = int(knobs.get("profile_warmup") or 0)
+        active = int(knobs.get("profile_active") or 1)
+        windows = int(knobs.get("profile_max_windows") or 1)
+        first = start - warmup  # as recorder/profiling.py schedules them
+        starts = [max(first, 0)]
+        if every > 0:
+            starts += [first + k * every for k in range(1, windows)]
+        for s0 in starts:
+            busy |= (step >= s0) & (step <= s0 + warmup + active)
+    return busy
+
+
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     best = None
+    knobs = ctx.run.meta.get("knobs") or {}
     for r, d in _data.steps(ctx).items():
         sel = (d["step"] >= d["step"][0] + th["warmup_steps"]) & np.isfinite(d["duration_s"])
+        sel &= ~recorder_busy(knobs, d["step"])
         if sel.sum() < th["min_steps"]:
             continue
         dur, step = d["duration_s"][sel], d["step"][sel]
