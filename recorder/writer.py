@@ -13,9 +13,9 @@ flush; the failure is counted and reported once, and training never sees it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
-import queue
 import re
 import sys
 import threading
@@ -36,10 +36,6 @@ PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 
 # Columns whose float values compress far better split into byte streams before zstd.
 _FLOAT_TYPES = (pa.float32(), pa.float64())
-
-
-class _Stop:
-    """Sentinel telling the writer thread to drain and exit."""
 
 
 class TableBuffer:
@@ -154,7 +150,13 @@ class Writer:
         self.flush_rows = flush_rows
         self.max_buffered_rows = max_buffered_rows
         self.on_flush = on_flush
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        # A deque, not queue.Queue: append/popleft are atomic under the GIL, so submit()
+        # takes no lock. (A SIGTERM handler that closes the recorder can then never deadlock
+        # on a queue mutex the interrupted training thread was holding.) The writer polls.
+        self.queue: collections.deque[Any] = collections.deque()
+        self.queue_size = queue_size
+        self.poll_s = 0.02
+        self._stopping = threading.Event()
         self.buffers = {name: TableBuffer(name) for name in TABLES}
         self.dropped: Counter[str] = Counter()  # what could not be recorded, by table
         self._reported_dropped: Counter[str] = Counter()
@@ -173,22 +175,18 @@ class Writer:
         """Hand an item to the writer thread; never blocks. False (and counted) if dropped."""
         if self._closed:
             return False
-        try:
-            self.queue.put_nowait(item)
-            return True
-        except queue.Full:
+        if len(self.queue) >= self.queue_size:
             self.dropped[table] += 1
             return False
+        self.queue.append(item)
+        return True
 
     def close(self, timeout: float = 60.0) -> None:
         """Drain the queue, flush everything and stop the thread (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self.queue.put(_Stop(), timeout=timeout)
-        except queue.Full:
-            pass
+        self._stopping.set()
         self._thread.join(timeout)
 
     @property
@@ -230,36 +228,28 @@ class Writer:
 
     def _run(self) -> None:
         while True:
-            timeout = max(0.01, self.flush_interval_s - (time.monotonic() - self._last_flush))
+            stopping = self._stopping.wait(self.poll_s)
             try:
-                item = self.queue.get(timeout=min(timeout, 0.5))
-            except queue.Empty:
-                item = None
-            if isinstance(item, _Stop):
-                self._drain_nowait()
-                self.flush()
+                self._drain()
+                due = time.monotonic() - self._last_flush >= self.flush_interval_s
+                if stopping or due or any(b.rows >= self.flush_rows
+                                          for b in self.buffers.values()):
+                    self.flush()
+            except Exception as exc:  # the writer thread must outlive its own bugs
+                self.record_error("writer", exc)
+            if stopping:
                 return
-            if item is not None:
-                try:
-                    item(self)
-                except Exception as exc:  # a bad item must not kill the writer
-                    self.record_error("writer", exc)
-            due = time.monotonic() - self._last_flush >= self.flush_interval_s
-            if due or any(b.rows >= self.flush_rows for b in self.buffers.values()):
-                self.flush()
 
-    def _drain_nowait(self) -> None:
-        while True:
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, _Stop):
-                continue
+    def _drain(self) -> None:
+        q = self.queue
+        while q:
+            item = q.popleft()
             try:
                 item(self)
-            except Exception as exc:
+            except Exception as exc:  # a bad item must not kill the writer
                 self.record_error("writer", exc)
+            if any(b.rows >= self.flush_rows for b in self.buffers.values()):
+                self.flush()
 
     def flush(self) -> None:
         """Write every non-empty buffer as a new part; keep rows whose write failed."""
