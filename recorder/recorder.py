@@ -27,7 +27,7 @@ from torch import nn
 from .capture import Piece, StepAccum, StepItem, event_row, pack
 from .config import RecorderConfig
 from .dist import rank_and_world
-from .hooks import ActivationHooks, nonfinite_count, unwrap_model
+from .hooks import ActivationHooks, is_compiling, nonfinite_count, unwrap_model
 from .profiling import ProfilerSchedule
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .sampler import MemoryProbe, SystemSampler
@@ -301,7 +301,7 @@ class Recorder:
              **metrics: Any) -> None:
         """End one recorded step. Values may be Python numbers or tensors on any device;
         tensors are read later, without a host-device sync."""
-        if self._closed:
+        if self._closed or is_compiling():
             return
         self._guard("step", self._step, loss, step, lr, metrics)
 
@@ -474,10 +474,14 @@ class Recorder:
                 self._capture_grads(target)
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():  # a compiled optimizer step: telemetry must not break the graph
+            return
         self._guard("optimizer_hook", self._capture_from_hook)
         self._guard("optimizer_hook", self._snapshot_params)
 
     def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
         self._guard("optimizer_hook", self._update_ratio)
         with self._lock:
             if self._pending is not None and self._pending.grads_captured:
