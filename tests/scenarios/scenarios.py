@@ -56,9 +56,11 @@ STRAGGLER_RANK = 1          # the rank that sleeps every step
 HIDDEN = int(os.environ.get("SCN_HIDDEN", 512))
 BATCH = int(os.environ.get("SCN_BATCH", 128))
 
-# Recorder defaults of every scenario (overridable per call).
+# Recorder defaults of every scenario (overridable per call). Flushes every 2 s (the default
+# is 10 s): short enough that the runs exercise several part files and merging, while not
+# flushing so often that the writer's work shows up as stalls in second-long runs.
 BASE_KNOBS: dict[str, Any] = {
-    "flush_interval_s": 0.5,
+    "flush_interval_s": 2.0,
     "system_interval_s": 0.5,
     "profile_start": 0,
     "profile_every": 0,
@@ -354,7 +356,7 @@ def run_high_lr(run_dir: str | os.PathLike[str], *, seed: int = 0, steps: int = 
     0.01, then a broken schedule raises it ``jump`` (80) times at LR_JUMP_STEP. The weights
     oscillate with growing amplitude: the gradient norm grows geometrically (x2-x10 per
     step) for a couple of dozen steps, overflows to Inf, and the loss turns NaN.
-    (hidden=512, jump=10: the larger lr is still stable, a control.)"""
+    (hidden=512, jump=10, batch_size=512: the larger lr is still stable, a control.)"""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(32, hidden), nn.Tanh(), nn.Linear(hidden, 1))
     base = 0.01

@@ -25,7 +25,8 @@ def test_healthy_run_has_nothing_above_info(arch: str, seed: int, tmp_path: Path
 def test_healthy_sgd_regression_with_a_large_stable_lr(tmp_path: Path) -> None:
     """The high-LR scenario's model with a 10x (not 80x) jump: gradient norms are noisy
     (bias gradients near convergence jump 10x from step to step) but nothing grows."""
-    run = S.run_high_lr(tmp_path / "run", jump=10.0, hidden=S.HIDDEN, steps=250)
+    run = S.run_high_lr(tmp_path / "run", jump=10.0, hidden=S.HIDDEN, batch_size=512,
+                        steps=250)
     summary = checks.summarize(run)
     checks.assert_only(summary, run)
 
