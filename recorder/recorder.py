@@ -383,7 +383,8 @@ class Recorder:
         self.errors += 1
         writer = getattr(self, "_writer", None)
         if writer is not None and writer.alive:
-            writer.submit(lambda w: w.record_error(where, exc), "events")
+            # Already counted in self.errors: the writer only records the event.
+            writer.submit(lambda w: w.record_error(where, exc, count=False), "events")
         else:
             key = f"{where}:{type(exc).__name__}"
             if key not in self._error_kinds:

@@ -210,9 +210,11 @@ class Writer:
             "details": [json.dumps(details, default=str)],
         })
 
-    def record_error(self, where: str, exc: BaseException) -> None:
-        """Count a recorder failure, warn once per kind, and keep it as an event."""
-        self.errors += 1
+    def record_error(self, where: str, exc: BaseException, *, count: bool = True) -> None:
+        """Count a recorder failure, warn once per kind, and keep it as an event.
+        ``count=False`` for failures the recorder already counted on the training thread."""
+        if count:
+            self.errors += 1
         key = f"{where}:{type(exc).__name__}"
         if key not in self._error_kinds:
             self._error_kinds.add(key)
