@@ -1,0 +1,181 @@
+"""Fault injection: the recorder's own failures never reach the training loop, are counted
+and reported, and data is kept (and written later) whenever that is possible."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import tracealyze.recorder.capture as capture_mod
+import tracealyze.recorder.recorder as recorder_mod
+import tracealyze.recorder.sampler as sampler_mod
+import tracealyze.recorder.writer as writer_mod
+from rec_helpers import FAST, batches, events, loss_fn, run_json, steps_by_number, tiny_model
+from tracealyze.recorder import Recorder
+
+
+def make(run_dir: Path, **knobs: Any) -> tuple[Recorder, torch.nn.Module, Any]:
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    return Recorder(run_dir, model=model, optimizer=opt, **{**FAST, **knobs}), model, opt
+
+
+def steps(rec: Recorder, model: torch.nn.Module, opt: Any, n: int) -> None:
+    for x, y in batches(n):
+        loss = loss_fn(model, x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        rec.step(loss=loss)
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def writer_errors(rec: Recorder) -> int:
+    return run_counters(rec)["recorder_errors"]
+
+
+def run_counters(rec: Recorder) -> dict[str, Any]:
+    return rec._counters()  # what the next run.json will say
+
+
+def test_run_dir_replaced_by_a_file_then_restored(run_dir: Path) -> None:
+    rec, model, opt = make(run_dir)
+    steps(rec, model, opt, 3)
+    wait_until(lambda: (run_dir / "steps").exists())
+    shutil.rmtree(run_dir)
+    run_dir.write_text("not a directory any more")  # every write now fails (even as root)
+    steps(rec, model, opt, 3)
+    wait_until(lambda: writer_errors(rec) > 0)  # at least one flush failed meanwhile
+    steps(rec, model, opt, 2)
+    run_dir.unlink()  # the disk "comes back": buffered rows must be written after all
+    steps(rec, model, opt, 2)
+    rec.close()
+    got = steps_by_number(run_dir)
+    # Steps 0-2 went with the deleted directory; 3-9 were kept in memory through the outage.
+    assert set(range(3, 10)) <= set(got)
+    meta = run_json(run_dir)
+    assert meta["status"] == "completed"
+    assert meta["counters"]["recorder_errors"] >= 1
+    errs = events(run_dir, "recorder_error")
+    assert errs and all(e["severity"] == "error" and e["stack"] for e in errs)
+    assert any(e["subject"].startswith("write:") for e in errs)
+
+
+def test_run_dir_deleted_mid_run_is_recreated(run_dir: Path) -> None:
+    rec, model, opt = make(run_dir)
+    steps(rec, model, opt, 3)
+    wait_until(lambda: (run_dir / "steps").exists())
+    shutil.rmtree(run_dir)
+    steps(rec, model, opt, 4)
+    rec.close()
+    assert run_json(run_dir)["status"] == "completed"
+    assert {3, 4, 5, 6} <= set(steps_by_number(run_dir))
+    assert (run_dir / "ranks" / "rank=0.json").exists()
+
+
+def test_disk_full_keeps_rows_and_reports_once(run_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    real = writer_mod.write_parquet_atomic
+    full = threading.Event()
+    full.set()
+    failures = []
+
+    def write(tables: Any, final: Path) -> None:
+        if full.is_set():
+            failures.append(final)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(tables, final)
+
+    monkeypatch.setattr(writer_mod, "write_parquet_atomic", write)
+    rec, model, opt = make(run_dir)
+    steps(rec, model, opt, 3)
+    wait_until(lambda: len(failures) >= 3)  # several flushes failed
+    steps(rec, model, opt, 3)
+    full.clear()
+    rec.close()
+    got = steps_by_number(run_dir)
+    assert sorted(got) == list(range(6))  # nothing lost: retried at the next flush
+    errs = events(run_dir, "recorder_error")
+    assert errs and any("No space left" in e["message"] for e in errs)
+    assert run_json(run_dir)["counters"]["recorder_errors"] == writer_errors(rec) >= 3
+    # Reported on stderr once per kind of failure, not once per flush.
+    err = capfd.readouterr().err
+    assert err.count("recorder error in write:steps") == 1
+
+
+def test_writer_item_exception_is_recorded(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def broken_snapshot(self: Any) -> dict[str, Any]:
+        calls.append(1)
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(sampler_mod.MemoryProbe, "snapshot", broken_snapshot)
+    rec, model, opt = make(run_dir, memory_every=2)
+    steps(rec, model, opt, 6)
+    rec.close()
+    assert len(calls) == 3  # steps 0, 2, 4
+    assert sorted(steps_by_number(run_dir)) == list(range(6))  # the step rows survive
+    errs = events(run_dir, "recorder_error")
+    assert len(errs) == 3 and all("probe exploded" in e["message"] for e in errs)
+    assert "RuntimeError" in errs[0]["stack"]
+    assert run_json(run_dir)["counters"]["recorder_errors"] == 3
+
+
+def test_training_thread_errors_counted_once(run_dir: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+        raise RuntimeError("norms exploded")
+
+    monkeypatch.setattr(recorder_mod, "norms", broken_norms)
+    rec, model, opt = make(run_dir)
+    steps(rec, model, opt, 4)
+    assert rec.errors == 4
+    rec.close()
+    assert sorted(steps_by_number(run_dir)) == list(range(4))
+    assert all(s["grad_norm"] is None for s in steps_by_number(run_dir).values())
+    errs = events(run_dir, "recorder_error")
+    assert len(errs) == 4 and all("norms exploded" in e["message"] for e in errs)
+    # One failure, one count — not once by the recorder and again by the writer.
+    assert run_json(run_dir)["counters"]["recorder_errors"] == 4
+
+
+def test_full_queue_drops_and_counts_but_never_blocks(run_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    real_call = capture_mod.StepItem.__call__
+
+    def slow_call(self: Any, w: Any) -> None:
+        release.wait(60)  # the writer is stuck until the loop has finished
+        real_call(self, w)
+
+    monkeypatch.setattr(capture_mod.StepItem, "__call__", slow_call)
+    rec, model, opt = make(run_dir, queue_size=1)
+    n = 20
+    loop = threading.Thread(target=steps, args=(rec, model, opt, n), daemon=True)
+    loop.start()
+    loop.join(60)
+    # The loop finished while the writer could not take a single item: submit never blocks.
+    assert not loop.is_alive(), "training blocked on a full recorder queue"
+    release.set()
+    rec.close()
+    got = steps_by_number(run_dir)
+    meta = run_json(run_dir)
+    dropped = meta["counters"]["dropped"].get("steps", 0)
+    assert dropped >= n - 3 and len(got) + dropped == n
+    ev = events(run_dir, "dropped_data")
+    assert ev and ev[0]["severity"] == "warning"
+    assert '"steps"' in ev[0]["details"]
