@@ -5,11 +5,13 @@ Two paths:
 * :func:`norms` — the every-step path: one ``torch._foreach_norm`` over all tensors (one
   fused launch per device on CUDA), stacked into a single float32 vector.
 * :class:`FullStats` — the cadence path: norm, absmax, mean, std, min, max, zero fraction and
-  nonfinite count of many tensors at once. Tensors are cut into pieces of at most
-  ``chunk_elems`` elements, each chunk of pieces is concatenated once into a float32 buffer
-  and reduced per piece with ``segment_reduce``; pieces of one tensor are then combined with
-  Chan's parallel formula. Temporary memory is bounded by the chunk size, whatever the
-  model's size, and the number of kernel launches does not grow with the number of tensors.
+  nonfinite count of many tensors at once. Tensors of the same size and dtype (layers repeat
+  their shapes) are stacked into one ``[P, L]`` matrix per group, in groups of at most
+  ``chunk_elems`` elements, and each statistic is one ordinary reduction over ``dim=1``
+  (``vector_norm``, ``var_mean``, ``aminmax``, ...): a handful of kernels per group however
+  many tensors it holds, and the accurate reductions torch already has. A tensor larger than
+  a chunk is cut into pieces whose partial results are combined with Chan's parallel
+  formula, so temporary memory stays bounded whatever the model's size.
 
 Neither path calls ``.item()``, ``.cpu()`` or anything else that waits for the device: the
 results stay on the device until the recorder copies them out with one non-blocking copy.
@@ -77,7 +79,7 @@ class FullStats:
         if chunk_elems < 1:
             raise ValueError("chunk_elems must be >= 1")
         self.chunk_elems = chunk_elems
-        self._layouts: dict[tuple, tuple[list[_Chunk], torch.Tensor]] = {}
+        self._layouts: dict[tuple, tuple[list[_Group], torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """``[len(tensors), 8]`` float32 on the first tensor's device, columns NORM..NONFINITE.
@@ -92,88 +94,75 @@ class FullStats:
         device = tensors[0].device
         tensors = [t.to(device, non_blocking=True) if t.device != device else t
                    for t in tensors]
-        key = (device, tuple(t.numel() for t in tensors))
+        key = (device, tuple((t.numel(), t.dtype) for t in tensors))
         layout = self._layouts.get(key)
         if layout is None:
-            # Built once per layout. On CUDA the small host-to-device copy of `numel` (and
-            # of each chunk's index tensors) happens only then, never per call.
-            numel = torch.tensor(key[1], dtype=torch.float32).to(device, non_blocking=True)
-            layout = (self._plan(key[1], device), numel)
+            layout = self._plan(key[1], device)
             if len(self._layouts) > 64:  # models whose tensor set keeps changing
                 self._layouts.clear()
             self._layouts[key] = layout
-        chunks, numel = layout
+        groups, owner, numel = layout
         flat = [t.detach().reshape(-1) for t in tensors]
-        piece_stats = torch.cat([c.reduce(flat) for c in chunks]) if chunks else None
-        return _combine(piece_stats, chunks, len(tensors), numel, device)
+        piece_stats = torch.cat([g.reduce(flat) for g in groups]) if groups else None
+        return _combine(piece_stats, owner, len(tensors), numel, device)
 
-    def _plan(self, numels: tuple[int, ...], device: torch.device) -> list[_Chunk]:
-        """Group tensors into chunks of at most chunk_elems elements; a tensor larger than a
-        chunk is cut into pieces, so temporary memory stays bounded."""
+    def _plan(self, keys: tuple[tuple[int, torch.dtype], ...], device: torch.device
+              ) -> tuple[list[_Group], torch.Tensor, torch.Tensor]:
+        """Group same-size, same-dtype tensors (pieces of a tensor larger than a chunk) into
+        stacks of at most chunk_elems elements. Built once per layout: on CUDA the small
+        host-to-device copies of the index tensors happen only then, never per call."""
         limit = self.chunk_elems
-        chunks: list[_Chunk] = []
-        cur: list[tuple[int, int, int]] = []  # (tensor index, start, stop)
-        cur_n = 0
-        for i, n in enumerate(numels):
-            if cur_n + n > limit and cur:
-                chunks.append(_Chunk(cur, device))
-                cur, cur_n = [], 0
+        by_shape: dict[tuple[int, torch.dtype], list[tuple[int, int, int]]] = {}
+        for i, (n, dtype) in enumerate(keys):
             start = 0
             while n - start > limit:  # only a tensor bigger than a whole chunk gets here
-                chunks.append(_Chunk([(i, start, start + limit)], device))
+                by_shape.setdefault((limit, dtype), []).append((i, start, start + limit))
                 start += limit
-            cur.append((i, start, n))
-            cur_n += n - start
-        if cur:
-            chunks.append(_Chunk(cur, device))
-        return chunks
+            if n - start > 0 or n == 0:
+                by_shape.setdefault((n - start, dtype), []).append((i, start, n))
+        groups: list[_Group] = []
+        for (length, _), pieces in by_shape.items():
+            per = max(1, limit // max(length, 1))
+            for k in range(0, len(pieces), per):
+                groups.append(_Group(pieces[k:k + per], length))
+        owner = torch.tensor([i for g in groups for i, _, _ in g.pieces], dtype=torch.int64)
+        numel = torch.tensor([n for n, _ in keys], dtype=torch.float32)
+        return (groups, owner.to(device, non_blocking=True),
+                numel.to(device, non_blocking=True))
 
 
-class _Chunk:
-    """Pieces reduced together: one concatenation, a handful of segment reductions."""
+class _Group:
+    """P pieces of equal length L, reduced together as one [P, L] matrix."""
 
-    def __init__(self, pieces: list[tuple[int, int, int]], device: torch.device) -> None:
+    def __init__(self, pieces: list[tuple[int, int, int]], length: int) -> None:
         self.pieces = pieces
-        self.total = sum(stop - start for _, start, stop in pieces)
-        # Built once per layout. On CUDA this host-to-device copy happens only the first time
-        # a layout is seen (non_blocking from a fresh CPU tensor), never per step.
-        self.lengths = torch.tensor([stop - start for _, start, stop in pieces],
-                                    dtype=torch.int64).to(device, non_blocking=True)
-        self.owner = torch.tensor([i for i, _, _ in pieces],
-                                  dtype=torch.int64).to(device, non_blocking=True)
+        self.length = length
 
     def reduce(self, flat: list[torch.Tensor]) -> torch.Tensor:
-        """``[n_pieces, 8]`` partials: count, sum, m2, sumsq, min, max, zeros, nonfinite."""
-        parts = [flat[i][start:stop] for i, start, stop in self.pieces]
-        if len({p.dtype for p in parts}) > 1:
-            # torch.cat would promote mixed dtypes to e.g. bfloat16 (int32 + bf16) and round
-            # the values before the float32 cast: convert each piece first instead.
-            parts = [p.to(torch.float32) for p in parts]
-        x = torch.cat(parts).to(torch.float32) if len(parts) > 1 else parts[0].to(torch.float32)
-        lengths = self.lengths
-
-        def seg(v: torch.Tensor, how: str) -> torch.Tensor:
-            # unsafe=True skips a validation that sums `lengths` with .item() — a host-device
-            # sync on CUDA. The lengths are ours and correct by construction.
-            return torch.segment_reduce(v, how, lengths=lengths, unsafe=True)
-
-        count = lengths.to(torch.float32)
-        total = seg(x, "sum")
-        mean = total / count.clamp(min=1.0)
-        # Two-pass variance: subtract each piece's mean before squaring (the one-pass
-        # E[x^2] - E[x]^2 formula loses everything to cancellation when |mean| >> std).
-        # output_size avoids the sync repeat_interleave would need to size its result.
-        centred = x - torch.repeat_interleave(mean, lengths, output_size=self.total)
-        m2 = seg(centred.square_(), "sum")
-        sumsq = seg(x * x, "sum")
-        mn = seg(x, "min")
-        mx = seg(x, "max")
-        zeros = seg((x == 0).to(torch.float32), "sum")
-        nonfinite = seg(torch.isfinite(x).logical_not_().to(torch.float32), "sum")
-        return torch.stack([count, total, m2, sumsq, mn, mx, zeros, nonfinite], dim=1)
+        """``[P, 8]`` float64 partials: count, sum, m2, sumsq, min, max, zeros, nonfinite."""
+        rows = [flat[i][start:stop] for i, start, stop in self.pieces]
+        p = len(rows)
+        if self.length == 0:  # empty tensors: nothing to reduce
+            z = torch.zeros(p, dtype=torch.float64, device=flat[self.pieces[0][0]].device)
+            nan = torch.full_like(z, math.nan)
+            return torch.stack([z, z, z, z, nan, nan, z, z], dim=1)
+        # One copy into a float32 [P, L] matrix (the only temporary of this size).
+        x = torch.stack(rows).to(torch.float32) if p > 1 else rows[0].to(torch.float32)[None]
+        # var_mean is accurate (not E[x²] - E[x]²); its Welford mean turns [inf, 1] into NaN,
+        # so the sum (and from it the mean) comes from a plain sum, as in NumPy.
+        var, _ = torch.var_mean(x, dim=1, correction=0)
+        total = x.sum(dim=1)
+        norm = torch.linalg.vector_norm(x, dim=1)
+        mn, mx = torch.aminmax(x, dim=1)
+        zeros = (x == 0).sum(dim=1)
+        nonfinite = torch.isfinite(x).logical_not_().sum(dim=1)
+        count = torch.full_like(total, float(self.length))
+        return torch.stack([count, total, var * count, norm * norm, mn, mx,
+                            zeros.to(total.dtype), nonfinite.to(total.dtype)],
+                           dim=1).to(torch.float64)
 
 
-def _combine(piece_stats: torch.Tensor | None, chunks: list[_Chunk], n: int,
+def _combine(piece_stats: torch.Tensor | None, owner: torch.Tensor, n: int,
              numel: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Merge per-piece partial statistics into per-tensor rows (Chan et al.)."""
     out = torch.full((n, N_STATS), math.nan, dtype=torch.float32, device=device)
@@ -181,11 +170,10 @@ def _combine(piece_stats: torch.Tensor | None, chunks: list[_Chunk], n: int,
     out[:, NORM] = 0.0
     if piece_stats is None:
         return out
-    owner = torch.cat([c.owner for c in chunks])
     p_count, p_sum, p_m2, p_sumsq, p_min, p_max, p_zeros, p_nonfinite = piece_stats.unbind(1)
 
     def add(v: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.float32, device=device).index_add_(0, owner, v)
+        return torch.zeros(n, dtype=torch.float64, device=device).index_add_(0, owner, v)
 
     count = add(p_count)
     mean = add(p_sum) / count.clamp(min=1.0)
@@ -193,18 +181,21 @@ def _combine(piece_stats: torch.Tensor | None, chunks: list[_Chunk], n: int,
     delta = p_mean - mean[owner]
     m2 = add(p_m2 + p_count * delta * delta)
     inf = math.inf
-    mn = torch.full((n,), inf, device=device).scatter_reduce_(0, owner, p_min, "amin")
-    mx = torch.full((n,), -inf, device=device).scatter_reduce_(0, owner, p_max, "amax")
+    f64 = torch.float64
+    mn = torch.full((n,), inf, dtype=f64, device=device).scatter_reduce_(0, owner, p_min, "amin")
+    mx = torch.full((n,), -inf, dtype=f64, device=device).scatter_reduce_(0, owner, p_max,
+                                                                           "amax")
     has = count > 0
     # torch.full fills on the device; torch.tensor(nan, device=cuda) would be a synchronous
     # host-to-device copy.
-    nan = torch.full((), math.nan, device=device)
+    nan = torch.full((), math.nan, dtype=f64, device=device)
     out[:, NORM] = add(p_sumsq).sqrt()
     out[:, MEAN] = torch.where(has, mean, nan)
     out[:, STD] = torch.where(has, (m2 / count.clamp(min=1.0)).clamp(min=0.0).sqrt(), nan)
     out[:, MIN] = torch.where(has, mn, nan)
     out[:, MAX] = torch.where(has, mx, nan)
     out[:, ABSMAX] = torch.where(has, torch.maximum(mn.abs(), mx.abs()), nan)
-    out[:, ZERO_FRAC] = torch.where(numel > 0, add(p_zeros) / numel.clamp(min=1.0), nan)
+    out[:, ZERO_FRAC] = torch.where(numel > 0, add(p_zeros) / numel.clamp(min=1.0),
+                                    nan).to(torch.float32)
     out[:, NONFINITE] = add(p_nonfinite)
     return out
