@@ -172,7 +172,9 @@ class Recorder:
             meta["knobs"], meta["preset"] = knobs, self.preset
         self._meta = meta
         self._rank_meta = rank_meta(self.rank, meta)
-        self._rank_meta["run_id"] = meta.get("run_id")
+        # The run's id is rank 0's: another rank takes it from run.json, or, if it started
+        # before rank 0 wrote that, at its next heartbeat (_adopt_run_id).
+        self._rank_meta["run_id"] = (meta if self.rank == 0 else existing or {}).get("run_id")
         try:
             if self.rank == 0:
                 write_json_atomic(run_json, meta)
@@ -648,9 +650,15 @@ class Recorder:
         return {"dropped": dict(self._writer.dropped),
                 "recorder_errors": self.errors + self._writer.errors}
 
+    def _adopt_run_id(self) -> None:
+        if self.rank != 0 and not self._rank_meta.get("run_id"):
+            self._rank_meta["run_id"] = (read_json(self.run_dir / "run.json") or {}).get(
+                "run_id")
+
     def _heartbeat(self) -> None:
         """Called by the writer after each successful flush (writer thread)."""
         now = time.time()
+        self._adopt_run_id()
         self._rank_meta.update(heartbeat=now, counters=self._counters())
         write_json_atomic(self.run_dir / "ranks" / f"rank={self.rank}.json", self._rank_meta)
         if self.rank == 0:
@@ -660,6 +668,7 @@ class Recorder:
     def _write_meta(self, status: str) -> None:
         now = time.time()
         try:
+            self._adopt_run_id()
             self._rank_meta.update(status=status, ended=now, heartbeat=now,
                                    counters=self._counters())
             write_json_atomic(self.run_dir / "ranks" / f"rank={self.rank}.json",
