@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tracealyze.recorder.stats import (
     ABSMAX,
@@ -105,6 +105,11 @@ def assert_stats_close(got: np.ndarray, t: torch.Tensor, label: str) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ts=st.lists(tensors(), min_size=1, max_size=6), chunk=st.integers(1, 64))
+# Regressions found by this test: dtype promotion in a mixed chunk; Inf in a split tensor.
+@example(ts=[torch.zeros(0, dtype=torch.bfloat16), torch.tensor([257], dtype=torch.int32)],
+         chunk=1)
+@example(ts=[torch.tensor([0.0] * 6 + [math.inf, 0.0])], chunk=2)
+@example(ts=[torch.tensor([1.0, -math.inf, 2.0]), torch.tensor([math.nan, 1.0])], chunk=2)
 def test_full_stats_match_numpy(ts: list[torch.Tensor], chunk: int) -> None:
     # Small chunk sizes cut tensors into several pieces that are combined afterwards.
     got = FullStats(chunk_elems=chunk)(ts).numpy()
@@ -116,6 +121,8 @@ def test_full_stats_match_numpy(ts: list[torch.Tensor], chunk: int) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(ts=st.lists(tensors(), min_size=1, max_size=6))
+@example(ts=[torch.zeros(0, dtype=torch.float64), torch.tensor([3.0, 4.0])])
+@example(ts=[torch.tensor([1, 2], dtype=torch.int32), torch.tensor([True])])
 def test_norms_match_numpy(ts: list[torch.Tensor]) -> None:
     got = norms(ts).numpy()
     assert got.shape == (len(ts),)
