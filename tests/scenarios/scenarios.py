@@ -118,7 +118,7 @@ class Block(nn.Module):
         return self.act(self.proj(x))
 
 
-def nested_mlp(seed: int = 0, width: int = 64, classes: int = 10) -> nn.Module:
+def nested_mlp(seed: int = 0, width: int = HIDDEN, classes: int = 10) -> nn.Module:
     """stem -> body.0, body.1 (Blocks) -> head; used where module paths matter."""
     torch.manual_seed(seed)
     return nn.Sequential(OrderedDict(
