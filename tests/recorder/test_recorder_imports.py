@@ -1,0 +1,45 @@
+"""Import hygiene: the recorder lives in training processes and must not drag in the
+analyzer's dependencies (DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rec_helpers import run_script, write_script
+
+FORBIDDEN = ("duckdb", "jinja2", "click")
+
+
+def test_recorder_import_loads_no_analyzer_dependencies(tmp_path: Path) -> None:
+    script = write_script(tmp_path, "imp.py", """
+        import json, sys
+        import tracealyze.recorder
+        from tracealyze.recorder import Recorder  # noqa: F401
+        # Constructing and using a recorder must not import them lazily either.
+        import torch
+        m = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with Recorder(sys.argv[1], model=m, optimizer=opt, system_interval_s=0,
+                      flush_interval_s=0.05) as rec:
+            m(torch.ones(1, 2)).sum().backward(); opt.step(); rec.step(loss=1.0)
+        print(json.dumps(sorted(k for k in sys.modules
+                                if k.split(".")[0] in sys.argv[2].split(","))))
+    """)
+    proc = run_script(script, str(tmp_path / "run"), ",".join(FORBIDDEN), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded == [], f"tracealyze.recorder imported {loaded}"
+    assert (tmp_path / "run" / "run.json").exists()  # the script really used the recorder
+
+
+def test_forbidden_modules_are_detectable(tmp_path: Path) -> None:
+    # The check above can fail: importing one of them shows up in sys.modules.
+    script = write_script(tmp_path, "neg.py", """
+        import json, sys
+        import click  # noqa: F401
+        print(json.dumps(sorted(k for k in sys.modules if k.split(".")[0] == "click")))
+    """)
+    proc = run_script(script, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])
