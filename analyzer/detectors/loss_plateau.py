@@ -46,6 +46,14 @@ def _decreasing(y: np.ndarray, th: Mapping[str, Any]) -> bool:
     return z < 0 and p < th["max_p"]
 
 
+def _climbs(y: np.ndarray) -> bool:
+    """Does the reduced series end far above where it started (its level more than doubles,
+    for a positive loss)? Then it is not a plateau: it diverges (loss_divergence's job)."""
+    k = max(1, len(y) // 5)
+    start = float(np.median(y[:k]))
+    return float(np.median(y[-k:])) - start > max(abs(start), 1e-12)
+
+
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     r = _data.primary_rank(ctx, "loss")
     if r is None:
@@ -64,7 +72,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     for i in range(npts):
         if x[-1] - x[i] < min_len or npts - i < 6:
             break
-        if not _decreasing(y[i:], th):
+        if not _decreasing(y[i:], th) and not _climbs(y[i:]):
             plateau_i = i
             break
     if plateau_i is None:
