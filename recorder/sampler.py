@@ -54,7 +54,6 @@ class SystemSampler:
 
     def start(self) -> None:
         self.proc.cpu_percent(None)
-        psutil.cpu_percent(None)
         self._thread.start()
 
     def stop(self) -> None:
@@ -72,6 +71,10 @@ class SystemSampler:
             return None
 
     def _run(self) -> None:
+        # Prime the machine-wide counter here, on the thread that reads it: psutil (>= 5.9.6)
+        # keeps cpu_percent(None)'s reference point per thread, so priming it on the caller's
+        # thread left the first sample a meaningless 0.0.
+        psutil.cpu_percent(None)
         while not self._stop.wait(self.interval_s):
             try:
                 self.emit({
