@@ -1,0 +1,72 @@
+"""CUDA: a recorded step never waits for the GPU on the training thread, and the CUDA
+memory columns are filled. Skipped cleanly on machines without CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from rec_helpers import rows, steps_by_number, tiny_model
+from tracealyze.recorder import Recorder
+from tracealyze.recorder.stats import FullStats, norms
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def test_standard_preset_makes_no_host_device_sync(tmp_path: Path) -> None:
+    dev = torch.device("cuda")
+    model = tiny_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator(device=dev).manual_seed(0)
+    data = [(torch.randn(64, 4, device=dev, generator=g), torch.randn(64, 2, device=dev,
+                                                                    generator=g))
+            for _ in range(8)]
+    n_warm, n = 3, 40
+    run_dir = tmp_path / "run"
+    with Recorder(run_dir, model=model, optimizer=opt, preset="standard",
+                  tensor_stats_every=5, param_stats_every=5, profile_start=0,
+                  flush_interval_s=0.1) as rec:
+        try:
+            for i in range(n):
+                x, y = data[i % len(data)]
+                if i == n_warm:
+                    # After warm-up (lazy CUDA/cuBLAS init, first-seen stats layouts), any
+                    # synchronising call on this thread raises.
+                    torch.cuda.set_sync_debug_mode("error")
+                loss = ((model(x) - y) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                rec.step(loss=loss, loss_copy=loss.detach() * 2)
+                rec.watch("x", x)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert rec.errors == 0
+    steps = steps_by_number(run_dir)
+    assert sorted(steps) == list(range(n))
+    assert all(s["loss"] is not None and s["grad_norm"] > 0 for s in steps.values())
+    mem = rows(run_dir, "memory")
+    assert len(mem) == n
+    for r in mem:
+        assert r["cuda_allocated_bytes"] > 0 and r["cuda_reserved_bytes"] >= r[
+            "cuda_allocated_bytes"]
+        assert r["cuda_peak_bytes"] >= r["cuda_allocated_bytes"]
+        assert r["cuda_total_bytes"] > r["cuda_reserved_bytes"]
+        assert r["cuda_alloc_retries"] is not None and r["cuda_ooms"] == 0
+    assert not [e for e in rows(run_dir, "events") if e["kind"] == "recorder_error"]
+
+
+def test_cuda_statistics_match_cpu() -> None:
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(1000, generator=g), torch.randn(7, 3, generator=g).half(),
+          torch.zeros(0), torch.tensor([1.0, float("nan"), float("inf")])]
+    cpu = FullStats(chunk_elems=100)(ts).numpy()
+    gpu = FullStats(chunk_elems=100)([t.cuda() for t in ts]).cpu().numpy()
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=1e-5, equal_nan=True)
+    np.testing.assert_allclose(norms([t.cuda() for t in ts]).cpu().numpy(),
+                               norms(ts).numpy(), rtol=1e-5, equal_nan=True)
