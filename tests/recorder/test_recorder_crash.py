@@ -13,15 +13,25 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from rec_helpers import (
+    FAST,
     HERE,
     PART_RE,
     TABLE_NAMES,
+    batches,
     events,
+    loss_fn,
     run_json,
+    run_script,
     steps_by_number,
     subprocess_env,
+    tiny_model,
+    write_script,
 )
+from tracealyze.analyzer.catalog import open_run
+from tracealyze.recorder import Recorder
+from tracealyze.recorder.writer import merge_parts
 
 pytestmark = pytest.mark.slow
 CHILD = str(HERE / "rec_child.py")
@@ -192,3 +202,80 @@ def test_resume_after_sigkill_continues_the_run(tmp_path: Path) -> None:
     for table in ("steps", "tensor_stats"):
         files = [p.name for p in (run_dir / table / "rank=0").iterdir()]
         assert all(PART_RE.match(f) for f in files), files
+
+
+def test_resume_after_kill_between_merge_and_deletes(tmp_path: Path) -> None:
+    """A kill between the merge's rename and its deletes leaves part-a-b AND part-a..b.
+    A resumed run must not merge those leftovers again (two merged files holding the same
+    rows would duplicate them for every correct reader)."""
+    import shutil
+
+
+    run_dir = tmp_path / "run"
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def session(n: int, **kw: object) -> None:
+        with Recorder(run_dir, model=model, optimizer=opt, flush_rows=1,
+                      **{**FAST, **kw}) as rec:
+            for x, y in batches(n):
+                loss = loss_fn(model, x, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                rec.step(loss=loss)
+                time.sleep(0.02)
+
+    session(3, merge_on_close=False)
+    backup = tmp_path / "singles"
+    shutil.copytree(run_dir / "steps", backup)
+    merge_parts(run_dir, 0)
+    shutil.copytree(backup, run_dir / "steps", dirs_exist_ok=True)  # the deletes never ran
+    files = sorted(p.name for p in (run_dir / "steps" / "rank=0").iterdir())
+    assert any("-" in f[5:] for f in files) and len(files) > 2, files
+
+    session(2, resume=True)
+    assert sorted(steps_by_number(run_dir)) == [0, 1, 2, 3, 4]  # asserts no duplicates too
+    with open_run(run_dir) as run:
+        _, n = run.query("SELECT count(*), count(DISTINCT step) FROM steps")
+        assert n == [(5, 5)]
+
+
+FORK_SCRIPT = """
+import multiprocessing as mp, os, signal, sys, time, json
+import torch
+from tracealyze.recorder import Recorder
+
+def idle():
+    time.sleep(30)
+
+if __name__ == "__main__":
+    m = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    rec = Recorder(sys.argv[1], model=m, optimizer=opt, system_interval_s=0,
+                   flush_interval_s=0.05, profile_start=0)
+    m(torch.ones(1, 2)).sum().backward(); opt.step(); rec.step(loss=1.0)
+    # A forked helper (a DataLoader worker, say) inherits the recorder's signal handler.
+    p = mp.get_context("fork").Process(target=idle)
+    p.start()
+    time.sleep(0.5)
+    os.kill(p.pid, signal.SIGTERM)  # e.g. the job scheduler signals every process
+    p.join(20)
+    status = json.load(open(os.path.join(sys.argv[1], "run.json")))["status"]
+    print("CHILD", p.exitcode, "STATUS", status, flush=True)
+    m(torch.ones(1, 2)).sum().backward(); opt.step(); rec.step(loss=2.0)
+    rec.close()
+"""
+
+
+def test_forked_child_does_not_close_the_parents_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = run_script(write_script(tmp_path, "fork.py", FORK_SCRIPT), str(run_dir),
+                      timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("CHILD"))
+    # The child still dies of SIGTERM, and the parent's run is untouched by it.
+    assert line == f"CHILD {-signal.SIGTERM} STATUS running", line
+    assert events(run_dir, "signal") == []
+    assert sorted(steps_by_number(run_dir)) == [0, 1]
+    assert run_json(run_dir)["status"] == "completed"
