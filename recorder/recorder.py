@@ -249,6 +249,11 @@ class Recorder:
         atexit.register(self._atexit)
         self._prev_excepthook = sys.excepthook
         ref = weakref.ref(self)
+        if hasattr(os, "register_at_fork"):
+            # A forked child (DataLoader worker, ...) inherits this object, its SIGTERM
+            # handler and excepthook, but not the writer thread, and the run is the
+            # parent's: make the child's copy inert so it never writes or closes the run.
+            os.register_at_fork(after_in_child=lambda: _inert_after_fork(ref))
         prev_hook = sys.excepthook
 
         def excepthook(tp: Any, val: Any, tb: Any) -> None:
@@ -679,6 +684,12 @@ class Recorder:
                 write_json_atomic(self.run_dir / "run.json", self._meta)
         except Exception as exc:
             self._count_error("run.json", exc)
+
+
+def _inert_after_fork(ref: weakref.ref[Recorder]) -> None:
+    rec = ref()
+    if rec is not None:
+        rec._closed = True
 
 
 def _merge_act_pieces(acc: StepAccum) -> StepAccum:
