@@ -382,10 +382,23 @@ def merge_parts(run_dir: Path, rank: int, *, min_parts: int = 2) -> int:
         d = run_dir / name / f"rank={rank}"
         if not d.is_dir():
             continue
-        singles = sorted(
-            (int(m.group(1)), p) for p in d.iterdir()
-            if (m := PART_RE.match(p.name)) and m.group(2) is None
-        )
+        found = [(m, p) for p in d.iterdir() if (m := PART_RE.match(p.name))]
+        ranges = [(int(m.group(1)), int(m.group(2))) for m, _ in found if m.group(2)]
+        singles = []
+        for m, p in found:
+            if m.group(2) is not None:
+                continue
+            seq = int(m.group(1))
+            if any(a <= seq <= b for a, b in ranges):
+                # Left over by a kill between an earlier merge's rename and its deletes: its
+                # rows are already in that merged file. Merging it again would duplicate them.
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+                continue
+            singles.append((seq, p))
+        singles.sort()
         if len(singles) < min_parts:
             continue
         first, last = singles[0][0], singles[-1][0]
