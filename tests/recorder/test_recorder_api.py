@@ -250,7 +250,7 @@ def _loop_with_reference(run_dir: Path, order: str, n: int = 6) -> tuple[list, l
             opt.zero_grad()
             loss.backward()
             ref_norms.append(grad_total_norm(model))
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if order == "before":
                 rec.step(loss=loss)
                 opt.step()
@@ -289,7 +289,7 @@ def test_gradient_accumulation_one_step_per_optimizer_step(run_dir: Path, mode: 
         for i, (x, y) in enumerate(data):
             loss = loss_fn(model, x, y) / k
             loss.backward()
-            micro.append(float(loss))
+            micro.append(float(loss.detach()))
             if mode == "per_micro_batch":
                 rec.step(loss=loss)  # every micro-batch, before the optimizer steps
             if (i + 1) % k == 0:
