@@ -141,7 +141,7 @@ def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
     run = summary["run"]
     ranks = run.get("ranks") or []
     lines = [f"run {run.get('run_id') or '?'}  status={run.get('status')}  "
-             f"steps={run.get('steps')}  ranks={','.join(map(str, ranks)) or '-'}"]
+             f"steps={run.get('steps')}  ranks={len(ranks)} ({','.join(map(str, ranks)) or '-'})"]
     findings = summary.get("findings", [])
     counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
     if not any(counts[s] for s in SEVERITIES[1:]):

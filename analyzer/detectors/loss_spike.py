@@ -19,11 +19,15 @@ DEFAULTS: dict[str, Any] = {
     "min_rel_jump": 0.5,   # ... and > this × |local median| (ignores noise on tiny losses)
     "min_steps": 30,
     "error_count": 10,     # this many spikes → error instead of warning
+    "recover_steps": 5,    # a spike comes back down: the median of the next steps ...
+    "recover_frac": 0.5,   # ... is below level + this × the jump (else it is divergence)
 }
 DOC = {
     "meaning": "Individual steps where the loss jumps far above its local level.",
     "rule": "residual to a centred rolling median (window) exceeds z robust σ (1.4826·MAD of "
-            "the residuals) and min_rel_jump × the local level.",
+            "the residuals) and min_rel_jump × the local level, and the loss comes back down "
+            "(median of the next recover_steps below level + recover_frac × jump; a loss "
+            "that stays up is loss_divergence, not a spike).",
     "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
              "(the spike steps' data), use a larger batch or loss scaling with AMP.",
 }
@@ -51,6 +55,16 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
     with np.errstate(invalid="ignore"):
         hit = (np.isfinite(loss) & (resid > thr) & (resid > floor)
                & (jump > thr) & (jump > float(th["min_rel_jump"]) * np.abs(prev)))
+    # A spike comes back down; a loss that stays up is divergence (its own detector).
+    k = max(1, int(th["recover_steps"]))
+    after = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate([loss.astype(np.float64)[1:], np.full(k, np.nan)]), k)[: len(loss)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        later = np.nanmedian(after, axis=1)
+    with np.errstate(invalid="ignore"):
+        recovers = ~(later > prev + float(th["recover_frac"]) * jump)  # NaN (end) counts
+        hit &= recovers & ~(np.isnan(later) & (np.arange(len(loss)) < len(loss) - 1))
     return np.flatnonzero(hit), base, resid, sigma
 
 
@@ -77,7 +91,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  f"step {int(step[first])} ({loss[first]:.4g} vs local median "
                  f"{base[first]:.4g}); the largest at step {int(step[worst])} "
                  f"({loss[worst]:.4g} vs {base[worst]:.4g}, "
-                 f"{resid[worst] / max(sigma, 1e-12):.0f} robust σ)."),
+                 f"{resid[worst] / max(sigma, 1e-12):.3g} robust σ)."),
         advice=DOC["fixes"], chart="loss",
         evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
                   "first_loss": float(loss[first]), "first_local_median": float(base[first]),

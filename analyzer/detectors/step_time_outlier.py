@@ -17,12 +17,14 @@ DEFAULTS: dict[str, Any] = {
     "z": 6.0,                 # outlier: duration − median > z × robust σ ...
     "min_rel": 0.5,           # ... and > (1 + min_rel) × median
     "warn_time_share": 0.1,   # warning when outliers cost ≥ this share of the run's time
+    "min_excess_s": 1.0,      # ... and at least this many seconds (sub-ms toy steps jitter)
     "min_steps": 20,
 }
 DOC = {
     "meaning": "Some steps take much longer than the rest (stalls, GC, checkpoints, syncs).",
     "rule": "after warm-up, duration − median > z × 1.4826·MAD and > min_rel × median; info "
-            "unless the excess time of the outliers is ≥ warn_time_share of the total. Steps "
+            "unless the excess time of the outliers is ≥ warn_time_share of the total and "
+            "≥ min_excess_s seconds. Steps "
             "where the recorder computed full statistics or profiled are not judged.",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
@@ -75,7 +77,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                     "steps": step[out], "durs": dur[out]}
     if best is None:
         return []
-    sev = "warning" if best["share"] >= th["warn_time_share"] else "info"
+    sev = ("warning" if best["share"] >= th["warn_time_share"]
+           and best["excess"] >= th["min_excess_s"] else "info")
     n = len(best["steps"])
     i = int(np.argmax(best["durs"]))
     return [Finding(
