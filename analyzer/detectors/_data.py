@@ -60,6 +60,19 @@ def primary_rank(ctx: Context, column: str = "loss") -> int | None:
     return None
 
 
+def finite_loss(ctx: Context, min_steps: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """(rank, steps, losses) of the primary rank's finite losses, or None when there are
+    fewer than ``min_steps`` of them."""
+    r = primary_rank(ctx, "loss")
+    if r is None:
+        return None
+    d = steps(ctx)[r]
+    ok = np.isfinite(d["loss"])
+    if ok.sum() < min_steps:
+        return None
+    return r, d["step"][ok], d["loss"][ok]
+
+
 def tensor_rank(ctx: Context) -> int | None:
     """The rank whose tensor statistics the per-layer detectors use (lowest present)."""
     ranks = ctx.run.table_ranks("tensor_stats")

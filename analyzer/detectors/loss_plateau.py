@@ -55,14 +55,10 @@ def _climbs(y: np.ndarray) -> bool:
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
-    r = _data.primary_rank(ctx, "loss")
-    if r is None:
+    series = _data.finite_loss(ctx, int(th["min_steps"]))
+    if series is None:
         return []
-    d = _data.steps(ctx)[r]
-    ok = np.isfinite(d["loss"])
-    step, loss = d["step"][ok], d["loss"][ok]
-    if len(loss) < th["min_steps"]:
-        return []
+    r, step, loss = series
     x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th["points"]), how="median")
     npts = len(x)
     span = float(step[-1] - step[0]) or 1.0

@@ -69,14 +69,10 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
-    r = _data.primary_rank(ctx, "loss")
-    if r is None:
+    series = _data.finite_loss(ctx, int(th["min_steps"]))
+    if series is None:
         return []
-    d = _data.steps(ctx)[r]
-    ok = np.isfinite(d["loss"])
-    step, loss = d["step"][ok], d["loss"][ok]
-    if len(loss) < th["min_steps"]:
-        return []
+    r, step, loss = series
     idx, base, resid, sigma = find_spikes(step, loss, th)
     if not len(idx):
         return []
