@@ -6,19 +6,15 @@ import json
 import math
 from typing import Any
 
+from .detectors._stats import fmt_bytes
+
 MAX_TABLE_ROWS = 10
 MAX_TABLE_COLS = 6
 
 
 def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'; keeps the sign (a shrinking counter)."""
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.3g} {unit}" if unit != "B" else f"{sign}{n:.0f} B"
-        n /= 1024
-    return f"{sign}{n:.3g} TiB"  # pragma: no cover
+    """1536 -> '1.5 KiB'; three significant digits, keeps the sign (a shrinking counter)."""
+    return fmt_bytes(n, ".3g")
 
 
 def human_duration(seconds: float | None) -> str:

@@ -92,12 +92,12 @@ def bucket_series(x: np.ndarray, y: np.ndarray, buckets: int, how: str = "min"
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
 
 
-def fmt_bytes(n: float) -> str:
-    """1536 → '1.5 KiB'."""
+def fmt_bytes(n: float, spec: str = ".1f") -> str:
+    """1536 → '1.5 KiB'; keeps the sign (a shrinking counter); ``spec`` formats the number."""
     sign = "-" if n < 0 else ""
     n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.1f} {unit}" if unit != "B" else f"{sign}{n:.0f} B"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{sign}{n:{spec}} {unit}" if unit != "B" else f"{sign}{n:.0f} B"
         n /= 1024
-    return f"{sign}{n:.1f} TiB"
+    return f"{sign}{n:{spec}} TiB"
