@@ -51,6 +51,7 @@ class StepAccum:
     data_wait_s: float = 0.0
     waited: bool = False
     grads_captured: bool = False
+    await_last: bool = False  # optimizer stepped before this cycle's last rec.step()
     scaler: bool = False
     ended: float | None = None  # wall time of the rec.step() that closed it
     duration_s: float | None = None

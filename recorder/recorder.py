@@ -404,7 +404,13 @@ class Recorder:
             acc = self._acc
             now = time.time()
             if self._pending is not None:
-                if self._pending.grads_captured:
+                if self._pending.grads_captured and self._pending.await_last:
+                    # The optimizer stepped in the middle of this accumulation cycle's last
+                    # micro-batch (`backward(); opt.step(); rec.step()`): this call is that
+                    # micro-batch; fold it in, and the step is complete.
+                    acc = self._pending
+                    self._fold_into(acc, self._acc)
+                elif self._pending.grads_captured:
                     # Its gradients were read (e.g. a step the GradScaler skipped, so no
                     # optimizer post-hook came): it is complete.
                     self._commit(self._pending)
@@ -415,6 +421,7 @@ class Recorder:
                     # into the pending step (a recorded step is an optimizer step).
                     acc = self._pending
                     self._fold_into(acc, self._acc)
+                    self._pending_sig = self._grad_signature()
                 else:
                     # No backward since: not accumulation, just a step without an optimizer
                     # step (evaluation, a skipped step). It is complete as it is.
@@ -480,6 +487,10 @@ class Recorder:
             target = self._hook_target()
             if not target.grads_captured:
                 self._capture_grads(target)
+                if target is self._pending:
+                    # A backward ran after the last rec.step(): that micro-batch's
+                    # rec.step() is still to come and belongs to this optimizer step.
+                    target.await_last = self._grad_signature() != self._pending_sig
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():  # a compiled optimizer step: telemetry must not break the graph
@@ -492,7 +503,8 @@ class Recorder:
             return
         self._guard("optimizer_hook", self._update_ratio)
         with self._lock:
-            if self._pending is not None and self._pending.grads_captured:
+            if (self._pending is not None and self._pending.grads_captured
+                    and not self._pending.await_last):
                 pending, self._pending = self._pending, None
                 self._guard("optimizer_hook", self._commit, pending)
 

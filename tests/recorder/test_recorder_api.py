@@ -312,8 +312,6 @@ def test_gradient_accumulation_one_step_per_optimizer_step(run_dir: Path, mode: 
     assert sorted({r["step"] for r in stats_rows(run_dir, "grad")}) == list(range(n_opt))
 
 
-@pytest.mark.xfail(strict=True, reason="known limitation: rec.step() per micro-batch placed "
-                   "after a conditional opt.step() is paired with the next optimizer step")
 def test_accumulation_per_micro_batch_with_step_after_optimizer(run_dir: Path) -> None:
     # The common loop shape `backward(); if boundary: opt.step(); rec.step(loss)`: the
     # boundary micro-batch's loss belongs to the optimizer step that just ran.
