@@ -43,6 +43,28 @@ def wait_until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def yank(run_dir: Path, *, replace_with_file: bool = False) -> None:
+    """Make the run directory vanish (optionally leaving a plain file in its place) while
+    the writer thread keeps writing. rmtree could race with the writer recreating files
+    ("Directory not empty"); a rename is atomic and looks the same to the recorder."""
+    for attempt in range(100):
+        gone = run_dir.with_name(f"{run_dir.name}.gone{attempt}")
+        try:
+            run_dir.rename(gone)
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(gone, ignore_errors=True)
+        if not replace_with_file:
+            return
+        try:
+            with open(run_dir, "x") as fh:  # fails if the writer recreated it meanwhile
+                fh.write("not a directory any more")
+            return
+        except (FileExistsError, IsADirectoryError):
+            continue
+    raise AssertionError("could not remove the run directory")
+
+
 def writer_errors(rec: Recorder) -> int:
     return run_counters(rec)["recorder_errors"]
 
@@ -55,8 +77,7 @@ def test_run_dir_replaced_by_a_file_then_restored(run_dir: Path) -> None:
     rec, model, opt = make(run_dir)
     steps(rec, model, opt, 3)
     wait_until(lambda: (run_dir / "steps").exists())
-    shutil.rmtree(run_dir)
-    run_dir.write_text("not a directory any more")  # every write now fails (even as root)
+    yank(run_dir, replace_with_file=True)  # every write now fails (even as root)
     steps(rec, model, opt, 3)
     wait_until(lambda: writer_errors(rec) > 0)  # at least one flush failed meanwhile
     steps(rec, model, opt, 2)
@@ -78,7 +99,7 @@ def test_run_dir_deleted_mid_run_is_recreated(run_dir: Path) -> None:
     rec, model, opt = make(run_dir)
     steps(rec, model, opt, 3)
     wait_until(lambda: (run_dir / "steps").exists())
-    shutil.rmtree(run_dir)
+    yank(run_dir)
     steps(rec, model, opt, 4)
     rec.close()
     assert run_json(run_dir)["status"] == "completed"
