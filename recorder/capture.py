@@ -160,7 +160,7 @@ class StepItem:
                 self._stat_rows(w, p, seg)
                 full_grads = full_grads or p.label == "grad"
         losses = floats.get("loss")
-        loss = float(np.mean(losses)) if losses else None
+        loss = math.fsum(losses) / len(losses) if losses else None
         grad_norm = nonfinite_grads = None
         if grad_norms is not None:
             with np.errstate(over="ignore", invalid="ignore"):

@@ -70,12 +70,15 @@ class ActivationHooks:
         for i, (_, mod) in enumerate(model.named_modules()):
             self.handles.append(mod.register_forward_hook(self._make(i, on_output)))
         self.handles.append(model.register_forward_pre_hook(
-            lambda _m, args: None if is_compiling() else _input(args, on_input)))
+            lambda _m, args: None if is_compiling() or not torch.is_grad_enabled()
+            else _input(args, on_input)))
 
     @staticmethod
     def _make(i: int, cb: Callable[[int, torch.Tensor], None]):
         def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
-            if is_compiling():
+            # Forward passes without autograd (evaluation, generation) are not training
+            # steps: recording them would pile up pieces and blame eval NaNs on training.
+            if is_compiling() or not torch.is_grad_enabled():
                 return
             t = first_tensor(out)
             if t is not None:

@@ -35,6 +35,8 @@ from .stats import FullStats, norms
 from .writer import Writer, merge_parts, remove_stale_tmp
 
 _SEVERITIES = ("info", "warning", "error", "critical")
+# Module outputs recorded per step at most (a few forward passes of a large model).
+_MAX_ACT_PIECES = 20_000
 
 
 class Recorder:
@@ -239,6 +241,7 @@ class Recorder:
             rec = ref()
             if rec is not None:
                 rec._guard("scaler", rec._capture_from_hook)
+                rec._guard("scaler", rec._capture_scale)
             return out
 
         scaler.unscale_ = unscale_
@@ -438,9 +441,8 @@ class Recorder:
                 acc.add_scalar("metric", value, metric=str(name))
             if self.scaler is not None:
                 acc.scaler = True
-                scale = getattr(self.scaler, "_scale", None)
-                if isinstance(scale, torch.Tensor):
-                    acc.add(Piece("loss_scale", 1), scale.detach().reshape(1).float())
+                if not acc.has("loss_scale"):  # unscale_ was not called: read it now
+                    self._capture_scale(acc)
             acc.ended = now
             acc.duration_s = now - self._last_end
             self._last_end = now
@@ -491,6 +493,14 @@ class Recorder:
                     # A backward ran after the last rec.step(): that micro-batch's
                     # rec.step() is still to come and belongs to this optimizer step.
                     target.await_last = self._grad_signature() != self._pending_sig
+
+    def _capture_scale(self, acc: StepAccum | None = None) -> None:
+        """The loss scale this step was trained with, read at unscale_ (before
+        scaler.update() changes it for the next step); a device tensor, no sync."""
+        acc = acc if acc is not None else self._hook_target()
+        scale = getattr(self.scaler, "_scale", None)
+        if isinstance(scale, torch.Tensor) and not acc.has("loss_scale"):
+            acc.add(Piece("loss_scale", 1), scale.detach().reshape(1).float().clone())
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():  # a compiled optimizer step: telemetry must not break the graph
@@ -565,6 +575,8 @@ class Recorder:
     def _on_activation(self, index: int, t: torch.Tensor) -> None:
         cfg = self.config
         acc = self._acc
+        if acc.act_seq >= _MAX_ACT_PIECES:  # rec.step() not called for a long time: bound
+            return                          # the memory the open step holds
         acc.act_seq += 1
         name = self._act.names[index] if self._act else str(index)
         if cfg.activation_nonfinite:

@@ -155,7 +155,9 @@ class Writer:
         # on a queue mutex the interrupted training thread was holding.) The writer polls.
         self.queue: collections.deque[Any] = collections.deque()
         self.queue_size = queue_size
-        self.poll_s = 0.02
+        # Latency is irrelevant and each wake-up costs GIL time, but the flush interval is a
+        # promise (what a kill -9 can lose), so wake at least twice per interval.
+        self.poll_s = min(0.2, flush_interval_s / 2)
         self._stopping = threading.Event()
         self.buffers = {name: TableBuffer(name) for name in TABLES}
         self.dropped: Counter[str] = Counter()  # what could not be recorded, by table
@@ -229,6 +231,12 @@ class Writer:
             pass
 
     def _run(self) -> None:
+        try:
+            # A one-time ~0.1 s of CPU (pyarrow.compute builds its function wrappers on
+            # import): paid at start-up, not in the middle of training at the first flush.
+            import pyarrow.compute  # noqa: F401
+        except Exception:
+            pass
         while True:
             stopping = self._stopping.wait(self.poll_s)
             try:

@@ -676,7 +676,9 @@ def test_gradient_nan_traced_to_first_parameter(run_dir: Path, model_opt: Any) -
 
 
 # ------------------------------------------------------------------------- AMP
-def test_grad_scaler_scale_and_skipped_steps(run_dir: Path, model_opt: Any) -> None:
+@pytest.mark.parametrize("step_after_update", [False, True])
+def test_grad_scaler_scale_and_skipped_steps(run_dir: Path, model_opt: Any,
+                                             step_after_update: bool) -> None:
     try:
         scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     except Exception as exc:  # pragma: no cover - old torch
@@ -693,8 +695,12 @@ def test_grad_scaler_scale_and_skipped_steps(run_dir: Path, model_opt: Any) -> N
                 scaled = scaled * math.inf  # overflow: the scaler must skip this step
             scaled.backward()
             scaler.step(opt)
-            rec.step(loss=loss)
-            scaler.update()
+            if step_after_update:  # the scale recorded is still the one this step used
+                scaler.update()
+                rec.step(loss=loss)
+            else:
+                rec.step(loss=loss)
+                scaler.update()
     steps = steps_by_number(run_dir)
     assert sorted(steps) == list(range(5))
     assert [steps[i]["amp_skipped"] for i in range(5)] == [False, False, True, False, False]
@@ -782,3 +788,20 @@ def test_disabled_recorder_writes_nothing(run_dir: Path, model_opt: Any) -> None
         rec.event("x", "y")
         rec.watch("w", torch.ones(1))
     assert not run_dir.exists()
+
+
+def test_eval_forwards_without_grad_are_not_recorded_as_training(run_dir: Path,
+                                                                  model_opt: Any) -> None:
+    # An evaluation loop between steps (no_grad) with a NaN batch: not a training NaN, and
+    # the open step must not pile up per-module pieces.
+    model, opt = model_opt
+    with Recorder(run_dir, model=model, optimizer=opt, activation_nonfinite=True,
+                  **FAST) as rec:
+        train(rec, model, opt, batches(2))
+        with torch.no_grad():
+            for x, _ in batches(50):
+                model(x * math.nan)
+        assert rec._acc.act_seq == 0
+        train(rec, model, opt, batches(2))
+    assert events(run_dir, "nonfinite") == []
+    assert sorted(steps_by_number(run_dir)) == list(range(4))
