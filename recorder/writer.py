@@ -107,23 +107,25 @@ def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
                                for p, n in zip(pieces, counts, strict=True)])
         arr = pa.array(vals, type=pa.string())
         return arr.dictionary_encode().cast(typ) if pa.types.is_dictionary(typ) else arr
-    vals, nulls = [], []
-    for p, n in zip(pieces, counts, strict=True):
-        if p is None:
-            vals.append(np.zeros(n))
-            nulls.append(np.ones(n, dtype=bool))
-        elif isinstance(p, np.ndarray):
-            vals.append(p)
-            nulls.append(np.zeros(n, dtype=bool))
-        else:  # a list of Python values
-            mask = np.fromiter((v is None for v in p), dtype=bool, count=n)
-            vals.append(np.array([0 if v is None else v for v in p], dtype=np.float64))
-            nulls.append(mask)
-    values = np.concatenate(vals) if len(vals) > 1 else vals[0]
-    mask = np.concatenate(nulls) if len(nulls) > 1 else nulls[0]
+    missing = np.fromiter((p is None for p in pieces), dtype=bool, count=len(pieces))
+    if not missing.any() and all(isinstance(p, np.ndarray) for p in pieces):
+        values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        mask = None
+    else:
+        # Loop only over the pieces that are there; absent ones stay zero and masked.
+        ends = np.cumsum(counts)
+        values = np.zeros(int(ends[-1]), dtype=np.float64)
+        mask = np.repeat(missing, counts)
+        for i in np.flatnonzero(~missing):
+            p, n, end = pieces[i], counts[i], int(ends[i])
+            if isinstance(p, np.ndarray):
+                values[end - n:end] = p
+            else:  # a list of Python values, None = null
+                values[end - n:end] = [0 if v is None else v for v in p]
+                mask[end - n:end] = [v is None for v in p]
     if not pa.types.is_floating(typ):
         values = values.astype(typ.to_pandas_dtype())
-    return pa.array(values, type=typ, mask=mask if mask.any() else None)
+    return pa.array(values, type=typ, mask=mask if mask is not None and mask.any() else None)
 
 
 def _is_text(typ: pa.DataType) -> bool:
@@ -234,6 +236,7 @@ class Writer:
         try:
             # A one-time ~0.1 s of CPU (pyarrow.compute builds its function wrappers on
             # import): paid at start-up, not in the middle of training at the first flush.
+            import numpy.ma  # noqa: F401  (imported by pyarrow's take/sort on first use)
             import pyarrow.compute  # noqa: F401
         except Exception:
             pass
