@@ -58,7 +58,7 @@ def run_once(out: Path, tensors: int, steps: int, full_every: int) -> dict:
         items.append(StepItem(
             step=s, time=1.7e9 + s * 0.05, duration_s=0.05, data_wait_s=0.001, floats={},
             metrics={}, pieces=pieces, host=torch.from_numpy(np.concatenate(vec)), event=None,
-            scaler=False, memory=False, probe=None, nonfinite_state={}))
+            scaler=False, memory=False, probe=None, rss=None, nonfinite_state={}))
     run = out / "run"
     w = Writer(run, 0, flush_interval_s=1e9, flush_rows=10**9, queue_size=10**7,
                max_buffered_rows=10**9)

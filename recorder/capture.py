@@ -128,6 +128,7 @@ class StepItem:
     scaler: bool
     memory: bool
     probe: Any  # MemoryProbe
+    rss: int | None  # read on the training thread at commit (belongs to this step)
     nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
     store_grad_norms: bool = True
 
@@ -192,7 +193,7 @@ class StepItem:
             w.append("metrics", {"step": [self.step] * len(metrics),
                                  "name": list(metrics), "value": list(metrics.values())})
         if self.memory and self.probe is not None:
-            snap = self.probe.snapshot()
+            snap = self.probe.snapshot(self.rss)
             w.append("memory", {"step": [self.step], "time": [time.time()],
                                 **{k: [v] for k, v in snap.items()}})
 
@@ -222,9 +223,14 @@ class StepItem:
         w.append("tensor_stats", cols)
 
     def _activation_nonfinite(self, w: Writer, p: Piece, seg: np.ndarray) -> None:
-        """Per-step NaN/Inf counts of module outputs: rows only when something went bad."""
-        if not np.any(seg > 0):
+        """Per-step NaN/Inf probes of module outputs (a sum each, nonfinite iff the output
+        held NaN/Inf): rows only when something went bad, with nonfinite = 1 for the
+        modules whose output did (a flag, not a count: counts come with the full
+        activation statistics at their cadence)."""
+        bad = ~np.isfinite(seg)
+        if not bad.any():
             return
+        seg = bad.astype(np.float64)
         n = len(p.names)
         w.append("tensor_stats", {"step": np.full(n, self.step, dtype=np.int64),
                                   "name": _names(p.names), "kind": _kinds("activation", n),

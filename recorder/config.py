@@ -118,8 +118,8 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
     ),
     # Everything, more often: update ratios, activation statistics, per-step NaN tracing.
     "debug": dict(
-        grad_norm_every=1, store_grad_norms=True, tensor_stats_every=10, param_stats_every=10,
-        update_ratio_every=10, activation_stats_every=10, activation_nonfinite=True,
+        grad_norm_every=1, store_grad_norms=True, tensor_stats_every=25, param_stats_every=25,
+        update_ratio_every=25, activation_stats_every=25, activation_nonfinite=True,
         memory_every=1, system_interval_s=1.0, profile_start=20, profile_every=1000,
         flush_interval_s=5.0,
     ),

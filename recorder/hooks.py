@@ -51,9 +51,14 @@ def first_tensor(x: Any) -> torch.Tensor | None:
     return None
 
 
-def nonfinite_count(t: torch.Tensor) -> torch.Tensor:
-    """Count of NaN/Inf elements as a float32 0-d tensor, left on the device (no sync)."""
-    return torch.isfinite(t.detach()).logical_not_().sum(dtype=torch.float32)
+def nonfinite_probe(t: torch.Tensor) -> torch.Tensor:
+    """A float32 0-d tensor that is NaN/Inf iff ``t`` holds a NaN/Inf, left on the device.
+
+    One reduction pass (a sum accumulated in float32: NaN and Inf propagate, +Inf + -Inf is
+    NaN) instead of isfinite + not + count, which is three passes over every activation of
+    every step. The only false alarm is a float32 overflow of the sum itself (|sum| > 3e38).
+    """
+    return t.detach().sum(dtype=torch.float32)
 
 
 class ActivationHooks:
@@ -66,6 +71,7 @@ class ActivationHooks:
     def __init__(self, model: nn.Module, on_output: Callable[[int, torch.Tensor], None],
                  on_input: Callable[[torch.Tensor], None]) -> None:
         self.names = [name or "<model>" for name, _ in model.named_modules()]
+        self._last: torch.Tensor | None = None
         self.handles = []
         for i, (_, mod) in enumerate(model.named_modules()):
             self.handles.append(mod.register_forward_hook(self._make(i, on_output)))
@@ -73,15 +79,17 @@ class ActivationHooks:
             lambda _m, args: None if is_compiling() or not torch.is_grad_enabled()
             else _input(args, on_input)))
 
-    @staticmethod
-    def _make(i: int, cb: Callable[[int, torch.Tensor], None]):
+    def _make(self, i: int, cb: Callable[[int, torch.Tensor], None]):
         def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
             # Forward passes without autograd (evaluation, generation) are not training
             # steps: recording them would pile up pieces and blame eval NaNs on training.
             if is_compiling() or not torch.is_grad_enabled():
                 return
             t = first_tensor(out)
-            if t is not None:
+            # A container (Sequential, ...) often returns its last child's output: that very
+            # tensor was just checked, so skip it.
+            if t is not None and t is not self._last:
+                self._last = t
                 cb(i, t)
         return hook
 

@@ -27,7 +27,7 @@ from torch import nn
 from .capture import Piece, StepAccum, StepItem, event_row, pack
 from .config import RecorderConfig
 from .dist import rank_and_world
-from .hooks import ActivationHooks, is_compiling, nonfinite_count, unwrap_model
+from .hooks import ActivationHooks, is_compiling, nonfinite_probe, unwrap_model
 from .profiling import ProfilerSchedule
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .sampler import MemoryProbe, SystemSampler
@@ -581,16 +581,16 @@ class Recorder:
         name = self._act.names[index] if self._act else str(index)
         if cfg.activation_nonfinite:
             acc.add(Piece("act_nf", 1, (name,), (t.numel(),), (acc.act_seq,)),
-                    nonfinite_count(t).reshape(1))
+                    nonfinite_probe(t).reshape(1))
         if self._due(cfg.activation_stats_every, acc.step):
             acc.add(Piece("activation", 8, (name,), (t.numel(),), (acc.act_seq,)),
-                    self._full([t.detach()]))
+                    self._full.one(t))
 
     def _on_input(self, t: torch.Tensor) -> None:
         if self.config.activation_nonfinite:
             acc = self._acc
             acc.add(Piece("act_nf", 1, ("<input>",), (t.numel(),), (0,)),
-                    nonfinite_count(t).reshape(1))
+                    nonfinite_probe(t).reshape(1))
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -599,19 +599,20 @@ class Recorder:
             tensor = tensor.abs()
         acc = self._acc
         acc.add(Piece("watch", 8, (str(name),), (tensor.numel(),)),
-                self._full([tensor.detach()]))
+                self._full.one(tensor))
 
     def _commit(self, acc: StepAccum) -> None:
         act = [p for p in acc.pieces if p.label == "act_nf"]
         if len(act) > 1:  # merge the per-module one-value pieces into one labelled piece
             acc = _merge_act_pieces(acc)
         host, event = pack(acc)
+        memory = self._due(self.config.memory_every, acc.step)
         item = StepItem(
             step=acc.step, time=acc.ended or time.time(), duration_s=acc.duration_s,
             data_wait_s=acc.data_wait_s if acc.waited else None,
             floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
-            scaler=acc.scaler, memory=self._due(self.config.memory_every, acc.step),
-            probe=self._probe, nonfinite_state=self._nonfinite_state,
+            scaler=acc.scaler, memory=memory, probe=self._probe,
+            rss=self._probe.rss() if memory else None, nonfinite_state=self._nonfinite_state,
             store_grad_norms=self.config.store_grad_norms,
         )
         self._next_step = acc.step + 1

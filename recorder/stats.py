@@ -106,6 +106,22 @@ class FullStats:
         piece_stats = torch.cat([g.reduce(flat) for g in groups]) if groups else None
         return _combine(piece_stats, owner, len(tensors), numel, device)
 
+    def one(self, t: torch.Tensor) -> torch.Tensor:
+        """``[1, 8]`` statistics of a single tensor (activations, watched tensors): the same
+        semantics as ``__call__`` in a handful of reductions, without grouping or combining.
+        Tensors larger than a chunk take the chunked path (bounded memory)."""
+        if t.numel() == 0 or t.numel() > self.chunk_elems:
+            return self([t])
+        x = t.detach().reshape(-1).to(torch.float32)
+        var, _ = torch.var_mean(x, correction=0)
+        mn, mx = torch.aminmax(x)
+        n = float(x.numel())
+        return torch.stack([
+            torch.linalg.vector_norm(x), torch.maximum(mn.abs(), mx.abs()), x.sum() / n,
+            var.sqrt(), mn, mx, (x == 0).sum() / n,
+            torch.isfinite(x).logical_not_().sum().to(torch.float32),
+        ]).reshape(1, N_STATS)
+
     def _plan(self, keys: tuple[tuple[int, torch.dtype], ...], device: torch.device
               ) -> tuple[list[_Group], torch.Tensor, torch.Tensor]:
         """Group same-size, same-dtype tensors (pieces of a tensor larger than a chunk) into

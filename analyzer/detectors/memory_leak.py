@@ -66,11 +66,13 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any]) -> dict[s
             and growth >= th["min_growth_frac"] * max(start, 1.0)
             and tail_slope >= th["tail_ratio"] * slope):
         return None
-    # onset: first window whose floor clears the starting level by a robust noise margin
+    # onset: the last window whose floor is still at the starting level (within a robust
+    # noise margin) before it leaves it for good. Not the first window above it: allocator
+    # bumps early in a run rise and fall back, and are not the leak's start.
     noise = _stats.mad_sigma(np.diff(y))
     margin = max(3 * noise, 0.5 * slope * (x[1] - x[0]) if len(x) > 1 else 0.0)
-    above = np.flatnonzero(y > start + margin)
-    first = int(x[max(0, above[0] - 1)]) if len(above) else int(s[0])
+    at_start = np.flatnonzero(y <= start + margin)
+    first = int(x[at_start[-1]]) if len(at_start) else int(s[0])
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
             "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
 

@@ -17,7 +17,7 @@ DEFAULTS: dict[str, Any] = {
     "z": 6.0,                 # outlier: duration − median > z × robust σ ...
     "min_rel": 0.5,           # ... and > (1 + min_rel) × median
     "warn_time_share": 0.1,   # warning when outliers cost ≥ this share of the run's time
-    "min_excess_s": 1.0,      # ... and at least this many seconds (sub-ms toy steps jitter)
+    "min_excess_s": 0.25,     # ... and at least this many seconds (sub-ms toy steps jitter)
     "min_steps": 20,
 }
 DOC = {

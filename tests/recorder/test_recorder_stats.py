@@ -119,6 +119,16 @@ def test_full_stats_match_numpy(ts: list[torch.Tensor], chunk: int) -> None:
         assert_stats_close(got[i], t, f"tensor {i}, chunk {chunk}")
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=tensors(), chunk=st.integers(1, 1 << 20))
+@example(t=torch.tensor([math.inf, 1.0]), chunk=1 << 20)
+def test_single_tensor_path_matches_numpy(t: torch.Tensor, chunk: int) -> None:
+    # FullStats.one (activations, watch) is a separate, leaner code path.
+    got = FullStats(chunk_elems=chunk).one(t).numpy()
+    assert got.shape == (1, N_STATS) and got.dtype == np.float32
+    assert_stats_close(got[0], t, f"one(), chunk {chunk}")
+
+
 @settings(max_examples=100, deadline=None)
 @given(ts=st.lists(tensors(), min_size=1, max_size=6))
 @example(ts=[torch.zeros(0, dtype=torch.float64), torch.tensor([3.0, 4.0])])
