@@ -163,7 +163,7 @@ def test_preset_tables(run_dir: Path, preset: str) -> None:
 def test_knob_overrides_apply(run_dir: Path, model_opt: Any) -> None:
     model, opt = model_opt
     with Recorder(run_dir, model=model, optimizer=opt, preset="minimal", tensor_stats_every=3,
-                  store_grad_norms=True, memory_every=0, **FAST) as rec:
+                  store_grad_norms=True, grad_norm_every=1, memory_every=0, **FAST) as rec:
         train(rec, model, opt, batches(7))
     grad = stats_rows(run_dir, "grad")
     assert sorted({r["step"] for r in grad if full_row(r)}) == [0, 3, 6]
@@ -171,6 +171,7 @@ def test_knob_overrides_apply(run_dir: Path, model_opt: Any) -> None:
     assert rows(run_dir, "memory") == []
     knobs = run_json(run_dir)["knobs"]
     assert knobs["tensor_stats_every"] == 3 and knobs["memory_every"] == 0
+    assert knobs["grad_norm_every"] == 1  # minimal's own default is 10
 
 
 def test_grad_norm_every_zero_leaves_totals_null(run_dir: Path, model_opt: Any) -> None:
