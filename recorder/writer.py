@@ -157,9 +157,11 @@ class Writer:
         # on a queue mutex the interrupted training thread was holding.) The writer polls.
         self.queue: collections.deque[Any] = collections.deque()
         self.queue_size = queue_size
-        # Latency is irrelevant and each wake-up costs GIL time, but the flush interval is a
-        # promise (what a kill -9 can lose), so wake at least twice per interval.
-        self.poll_s = min(0.2, flush_interval_s / 2)
+        # Each wake-up costs a little CPU, but a long interval makes bursts: on a small
+        # machine a burst of queued items competes with the training thread's compute and
+        # shows up as step-time jitter. 50 ms keeps bursts to a few items; the flush
+        # interval is a promise (what a kill -9 can lose), so wake at least twice per interval.
+        self.poll_s = min(0.05, flush_interval_s / 2)
         self._stopping = threading.Event()
         self.buffers = {name: TableBuffer(name) for name in TABLES}
         self.dropped: Counter[str] = Counter()  # what could not be recorded, by table
@@ -169,6 +171,15 @@ class Writer:
         self.pending_events: list[dict[str, Any]] = []  # events raised on the writer thread
         self._seq = next_seq(run_dir, rank)
         self._last_flush = time.monotonic()
+        try:
+            # A one-time ~0.1 s of CPU (pyarrow.compute builds its function wrappers on
+            # import; numpy.ma comes with pyarrow's take/sort). Done here, in the constructor
+            # before training starts: on the writer thread these imports would hold the GIL
+            # during the first training steps, at the first flush mid-training otherwise.
+            import numpy.ma  # noqa: F401
+            import pyarrow.compute  # noqa: F401
+        except Exception:
+            pass
         self._thread = threading.Thread(target=self._run, name="tracealyze-writer", daemon=True)
         self._closed = False
         self.step_hint = 0  # latest step seen, for events raised here
@@ -233,13 +244,6 @@ class Writer:
             pass
 
     def _run(self) -> None:
-        try:
-            # A one-time ~0.1 s of CPU (pyarrow.compute builds its function wrappers on
-            # import): paid at start-up, not in the middle of training at the first flush.
-            import numpy.ma  # noqa: F401  (imported by pyarrow's take/sort on first use)
-            import pyarrow.compute  # noqa: F401
-        except Exception:
-            pass
         while True:
             stopping = self._stopping.wait(self.poll_s)
             try:
@@ -263,6 +267,9 @@ class Writer:
                 self.record_error("writer", exc)
             if any(b.rows >= self.flush_rows for b in self.buffers.values()):
                 self.flush()
+            # Let the training thread have the GIL between items: a burst of queued items
+            # must not hold it for milliseconds (visible as step-time jitter).
+            time.sleep(0)
 
     def flush(self) -> None:
         """Write every non-empty buffer as a new part; keep rows whose write failed."""

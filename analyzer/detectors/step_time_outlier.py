@@ -15,7 +15,7 @@ ID = "step_time_outlier"
 DEFAULTS: dict[str, Any] = {
     "warmup_steps": 3,        # compilation / cudnn autotune / first batches are slow
     "z": 6.0,                 # outlier: duration − median > z × robust σ ...
-    "min_rel": 0.5,           # ... and > (1 + min_rel) × median
+    "min_rel": 1.0,           # ... and > (1 + min_rel) × median (jitter of tiny steps is ~1.5×)
     "warn_time_share": 0.1,   # warning when outliers cost ≥ this share of the run's time
     "min_excess_s": 0.25,     # ... and at least this many seconds (sub-ms toy steps jitter)
     "min_steps": 20,

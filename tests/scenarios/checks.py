@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -99,3 +101,20 @@ def cli_summary(run_dir: str | Path, *args: str) -> tuple[int, dict[str, Any]]:
     code, out = cli("summary", str(run_dir), "--json", *args)
     assert code in (0, 1), f"summary failed with exit {code}:\n{out}"
     return code, json.loads(out)
+
+
+def record_isolated(fn: Any, run_dir: str | Path, timeout: float = 240, **kwargs: Any) -> Path:
+    """Record a scenario in a fresh interpreter, as a real training job runs.
+
+    For scenarios whose findings depend on timing or on the process's memory (leaks, stalls,
+    healthy controls): inside the long pytest process, hundreds of earlier tests leave
+    objects that make the cyclic GC pause for tens of milliseconds and an allocator whose
+    RSS moves on its own, which is not what these tests are about.
+    """
+    root = Path(__file__).resolve().parents[2]
+    code = ("import json, sys; from tests.scenarios import scenarios as S; "
+            f"getattr(S, {fn.__name__!r})(sys.argv[1], **json.loads(sys.argv[2]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(run_dir), json.dumps(kwargs)],
+                          cwd=root, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return Path(run_dir)

@@ -19,7 +19,7 @@ LEAKS: dict[str, Callable[..., Path]] = {
 
 @pytest.mark.parametrize("kind", sorted(LEAKS))
 def test_leak_is_found_on_rss_from_its_start(kind: str, tmp_path: Path) -> None:
-    run = LEAKS[kind](tmp_path / kind)
+    run = checks.record_isolated(LEAKS[kind], tmp_path / kind)
     summary = checks.summarize(run)
     leak = checks.one(summary, "memory_leak")
     assert leak["subject"] == "rss_bytes"

@@ -18,7 +18,7 @@ def test_slow_dataloader_is_a_bottleneck(tmp_path: Path) -> None:
 
 
 def test_stalled_steps_are_outliers(tmp_path: Path) -> None:
-    run = S.run_step_time_outliers(tmp_path / "run")
+    run = checks.record_isolated(S.run_step_time_outliers, tmp_path / "run")
     summary = checks.summarize(run)
     out = checks.one(summary, "step_time_outlier")
     assert out["subject"] == "rank 0"
@@ -27,7 +27,11 @@ def test_stalled_steps_are_outliers(tmp_path: Path) -> None:
     listed = out["evidence"]["outlier_steps"]
     if out["evidence"]["count"] <= len(listed):
         assert set(S.SLOW_STEPS) <= set(listed), out["evidence"]
+    # The finding starts no later than the first injected stall (the machine's own
+    # occasional scheduling stalls may come earlier), and the injected 80 ms stalls are the
+    # worst steps of the run.
+    assert out["first_step"] <= S.SLOW_STEPS[0]
+    assert out["evidence"]["max_s"] >= 0.07
     if not checks.host_contended(run):
-        assert out["first_step"] == S.SLOW_STEPS[0]
         assert out["severity"] == "warning"
     checks.assert_only(summary, run, {"step_time_outlier"})
