@@ -136,3 +136,19 @@ def run_script(script: Path, *args: str, timeout: float = 60,
     """Run a Python script to completion; a hang fails the test instead of blocking CI."""
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                           timeout=timeout, env=env or subprocess_env())
+
+
+# DESIGN.md's minimum columns (every table also has rank).
+DESIGN_MINIMUM = {
+    "steps": ["step", "time", "duration_s", "data_wait_s", "loss", "lr", "grad_norm",
+              "nonfinite_grads"],
+    "tensor_stats": ["step", "name", "kind", "numel", "norm", "absmax", "mean", "std", "min",
+                     "max", "zero_frac", "nonfinite"],
+    "metrics": ["step", "name", "value"],
+    "events": ["step", "time", "kind", "severity", "subject", "message", "stack", "details"],
+    "memory": ["step", "time", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes",
+               "cuda_peak_bytes", "cuda_alloc_retries", "cuda_ooms"],
+    "system": ["time", "cpu_percent", "proc_cpu_percent", "mem_percent", "gpu_util"],
+    "trace_events": ["trace_id", "step", "cat", "name", "ts_us", "dur_us", "pid", "tid",
+                     "stream", "correlation", "external_id"],
+}

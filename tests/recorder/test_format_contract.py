@@ -12,25 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from rec_helpers import REPO, batches, loss_fn, part_files, tiny_model
+from rec_helpers import DESIGN_MINIMUM, REPO, batches, loss_fn, part_files, tiny_model
 from tracealyze.analyzer import schema as analyzer_schema
 from tracealyze.recorder import Recorder
 from tracealyze.recorder import schema as recorder_schema
 
-# DESIGN.md's minimum columns (every table also has rank).
-DESIGN_MINIMUM = {
-    "steps": ["step", "time", "duration_s", "data_wait_s", "loss", "lr", "grad_norm",
-              "nonfinite_grads"],
-    "tensor_stats": ["step", "name", "kind", "numel", "norm", "absmax", "mean", "std", "min",
-                     "max", "zero_frac", "nonfinite"],
-    "metrics": ["step", "name", "value"],
-    "events": ["step", "time", "kind", "severity", "subject", "message", "stack", "details"],
-    "memory": ["step", "time", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes",
-               "cuda_peak_bytes", "cuda_alloc_retries", "cuda_ooms"],
-    "system": ["time", "cpu_percent", "proc_cpu_percent", "mem_percent", "gpu_util"],
-    "trace_events": ["trace_id", "step", "cat", "name", "ts_us", "dur_us", "pid", "tid",
-                     "stream", "correlation", "external_id"],
-}
 # Tables only the analyzer fills (from profiler traces); the recorder never writes them.
 ANALYZER_ONLY = {"trace_events"}
 

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from rec_helpers import (
+    DESIGN_MINIMUM,
     FAST,
     TABLE_NAMES,
     batches,
@@ -35,17 +36,6 @@ from tracealyze.recorder import PRESETS, Recorder, RecorderConfig
 from tracealyze.recorder.schema import TABLES
 
 # DESIGN.md's minimum columns; every table also has rank.
-MIN_COLUMNS = {
-    "steps": ["step", "time", "duration_s", "data_wait_s", "loss", "lr", "grad_norm",
-              "nonfinite_grads"],
-    "tensor_stats": ["step", "name", "kind", "numel", "norm", "absmax", "mean", "std", "min",
-                     "max", "zero_frac", "nonfinite"],
-    "metrics": ["step", "name", "value"],
-    "events": ["step", "time", "kind", "severity", "subject", "message", "stack", "details"],
-    "memory": ["step", "time", "rss_bytes", "cuda_allocated_bytes", "cuda_reserved_bytes",
-               "cuda_peak_bytes", "cuda_alloc_retries", "cuda_ooms"],
-    "system": ["time", "cpu_percent", "proc_cpu_percent", "mem_percent", "gpu_util"],
-}
 PARAM_NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
 
 
@@ -88,7 +78,7 @@ def test_preset_tables(run_dir: Path, preset: str) -> None:
         for f in part_files(run_dir, table):
             schema = pq.read_schema(f)
             assert schema.names == TABLES[table].names, (table, f)
-            assert set(MIN_COLUMNS[table]) | {"rank"} <= set(schema.names)
+            assert set(DESIGN_MINIMUM.get(table, ())) | {"rank"} <= set(schema.names)
 
     steps = steps_by_number(run_dir)
     assert sorted(steps) == list(range(n))
