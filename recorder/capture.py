@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .schema import STAT_COLUMNS
+
 if TYPE_CHECKING:
     from .writer import Writer
-
-_STAT_NAMES = ("norm", "absmax", "mean", "std", "min", "max", "zero_frac", "nonfinite")
 
 
 @dataclass
@@ -210,7 +210,7 @@ class StepItem:
             with np.errstate(divide="ignore", invalid="ignore"):
                 cols["ratio"] = np.where(weight > 0, upd / weight, np.nan)
         else:
-            for i, name in enumerate(_STAT_NAMES):
+            for i, name in enumerate(STAT_COLUMNS):
                 cols[name] = m[:, i]
             empty = cols["numel"] == 0
             if empty.any():  # an empty tensor has no mean, min, ...: null, not NaN

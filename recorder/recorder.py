@@ -226,7 +226,6 @@ class Recorder:
         cfg = self.config
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             self._act = ActivationHooks(self.model, self._on_activation, self._on_input)
-            self._act_numels: dict[int, int] = {}
 
     def _wrap_scaler(self) -> None:
         # A step the scaler skips never calls optimizer.step(), so the pre-hook would miss
@@ -406,29 +405,26 @@ class Recorder:
         with self._lock:
             acc = self._acc
             now = time.time()
-            if self._pending is not None:
-                if self._pending.grads_captured and self._pending.await_last:
-                    # The optimizer stepped in the middle of this accumulation cycle's last
-                    # micro-batch (`backward(); opt.step(); rec.step()`): this call is that
-                    # micro-batch; fold it in, and the step is complete.
-                    acc = self._pending
-                    self._fold_into(acc, self._acc)
-                elif self._pending.grads_captured:
-                    # Its gradients were read (e.g. a step the GradScaler skipped, so no
-                    # optimizer post-hook came): it is complete.
-                    self._commit(self._pending)
-                    self._pending = None
-                elif self._grad_signature() != self._pending_sig:
-                    # rec.step() again before the optimizer stepped, and a backward pass ran
-                    # in between: a micro-batch of gradient accumulation. Fold this call
-                    # into the pending step (a recorded step is an optimizer step).
-                    acc = self._pending
+            pending = self._pending
+            if pending is not None:
+                if pending.grads_captured:
+                    # Gradients read: fold this call in only if the optimizer stepped in the
+                    # middle of the cycle's last micro-batch (`backward(); opt.step();
+                    # rec.step()`); otherwise (e.g. a step the GradScaler skipped, so no
+                    # post-hook came) the pending step is complete as it is.
+                    fold = pending.await_last
+                else:
+                    # rec.step() again before the optimizer stepped: a micro-batch of
+                    # gradient accumulation if a backward ran in between (fold it: a
+                    # recorded step is an optimizer step); else a step without an optimizer
+                    # step (evaluation, a skipped step), complete as it is.
+                    fold = self._grad_signature() != self._pending_sig
+                if fold:
+                    acc = pending
                     self._fold_into(acc, self._acc)
                     self._pending_sig = self._grad_signature()
                 else:
-                    # No backward since: not accumulation, just a step without an optimizer
-                    # step (evaluation, a skipped step). It is complete as it is.
-                    self._commit(self._pending)
+                    self._commit(pending)
                     self._pending = None
             if step is not None:
                 acc.step = int(step)

@@ -168,7 +168,6 @@ class Writer:
         self._reported_dropped: Counter[str] = Counter()
         self.errors = 0
         self._error_kinds: set[str] = set()
-        self.pending_events: list[dict[str, Any]] = []  # events raised on the writer thread
         self._seq = next_seq(run_dir, rank)
         self._last_flush = time.monotonic()
         try:
