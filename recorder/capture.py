@@ -56,6 +56,8 @@ class StepAccum:
     ended: float | None = None  # wall time of the rec.step() that closed it
     duration_s: float | None = None
     act_seq: int = 0
+    # Per-module NaN/Inf probes (name, numel, seq, 0-d device tensor), stacked at commit.
+    probes: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
 
     def has(self, label: str) -> bool:
         return label in self.floats or any(p.label == label for p in self.pieces)

@@ -471,6 +471,7 @@ class Recorder:
     def _fold_into(target: StepAccum, extra: StepAccum) -> None:
         target.tensors.extend(extra.tensors)
         target.pieces.extend(extra.pieces)
+        target.probes.extend(extra.probes)
         target.metrics.update(extra.metrics)
         target.data_wait_s += extra.data_wait_s
         target.waited = target.waited or extra.waited
@@ -576,17 +577,14 @@ class Recorder:
         acc.act_seq += 1
         name = self._act.names[index] if self._act else str(index)
         if cfg.activation_nonfinite:
-            acc.add(Piece("act_nf", 1, (name,), (t.numel(),), (acc.act_seq,)),
-                    nonfinite_probe(t).reshape(1))
+            acc.probes.append((name, t.numel(), acc.act_seq, nonfinite_probe(t)))
         if self._due(cfg.activation_stats_every, acc.step):
             acc.add(Piece("activation", 8, (name,), (t.numel(),), (acc.act_seq,)),
                     self._full.one(t))
 
     def _on_input(self, t: torch.Tensor) -> None:
         if self.config.activation_nonfinite:
-            acc = self._acc
-            acc.add(Piece("act_nf", 1, ("<input>",), (t.numel(),), (0,)),
-                    nonfinite_probe(t).reshape(1))
+            self._acc.probes.append(("<input>", t.numel(), 0, nonfinite_probe(t)))
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -598,9 +596,9 @@ class Recorder:
                 self._full.one(tensor))
 
     def _commit(self, acc: StepAccum) -> None:
-        act = [p for p in acc.pieces if p.label == "act_nf"]
-        if len(act) > 1:  # merge the per-module one-value pieces into one labelled piece
-            acc = _merge_act_pieces(acc)
+        if acc.probes:  # per-module NaN probes, in forward-completion order: one piece
+            names, numels, seqs, vals = zip(*acc.probes, strict=True)
+            acc.add(Piece("act_nf", len(vals), names, numels, seqs), torch.stack(vals))
         host, event = pack(acc)
         memory = self._due(self.config.memory_every, acc.step)
         item = StepItem(
@@ -711,25 +709,6 @@ def _inert_after_fork(ref: weakref.ref[Recorder]) -> None:
     rec = ref()
     if rec is not None:
         rec._closed = True
-
-
-def _merge_act_pieces(acc: StepAccum) -> StepAccum:
-    """Per-module nonfinite counts arrive one value at a time; pack them as one piece so
-    the writer sees them in forward-completion order."""
-    keep_p, keep_t, names, numels, seqs, vals = [], [], [], [], [], []
-    for p, t in zip(acc.pieces, acc.tensors, strict=False):
-        if p.label == "act_nf":
-            names.append(p.names[0])
-            numels.append(p.numels[0])
-            seqs.append(p.seqs[0])
-            vals.append(t)
-        else:
-            keep_p.append(p)
-            keep_t.append(t)
-    keep_p.append(Piece("act_nf", len(vals), tuple(names), tuple(numels), tuple(seqs)))
-    keep_t.append(torch.cat(vals))
-    acc.pieces, acc.tensors = keep_p, keep_t
-    return acc
 
 
 def _last_step(run_dir: Path, rank: int) -> int | None:
