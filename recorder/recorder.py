@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import stats
 from .capture import Piece, StepAccum, StepItem, event_row, pack
 from .config import RecorderConfig
 from .dist import rank_and_world
@@ -524,11 +525,23 @@ class Recorder:
         cache = self._grad_cache
         if cache is None or cache[0] != names:
             dense = tuple(not g.is_sparse for _, g in pairs)
+            grads = [g for (_, g), d in zip(pairs, dense, strict=True) if d]
             self._grad_cache = cache = (names, all(dense),
-                                        tuple(n for n, d in zip(names, dense, strict=True) if d))
+                                        tuple(n for n, d in zip(names, dense, strict=True) if d),
+                                        stats.uniform(grads))
         if cache[1]:
             return [g for _, g in pairs], names
         return [g for _, g in pairs if not g.is_sparse], cache[2]
+
+    def _grad_norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """Per-step norms: the unchecked fast path when this layout was found uniform."""
+        cache = self._grad_cache
+        if cache is not None and cache[3]:
+            try:
+                return norms(grads, uniform=True)
+            except RuntimeError:  # dtype/device changed under the same names: re-check
+                self._grad_cache = None
+        return norms(grads)
 
     def _due(self, every: int, step: int) -> bool:
         return every > 0 and step % every == 0
@@ -541,7 +554,7 @@ class Recorder:
         grads, names = self._grads()
         if grads:
             if self._due(cfg.grad_norm_every, acc.step):
-                acc.add(Piece("grad_norms", len(grads), names), norms(grads))
+                acc.add(Piece("grad_norms", len(grads), names), self._grad_norms(grads))
             if self._due(cfg.tensor_stats_every, acc.step):
                 acc.add(Piece("grad", len(grads) * 8, names, tuple(g.numel() for g in grads)),
                         self._full(grads))

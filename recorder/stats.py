@@ -30,12 +30,28 @@ NORM, ABSMAX, MEAN, STD, MIN, MAX, ZERO_FRAC, NONFINITE = range(8)
 N_STATS = 8
 
 
-def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+_NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def uniform(tensors: list[torch.Tensor]) -> bool:
+    """True when ``norms(tensors, uniform=True)`` may skip its per-tensor checks: all on one
+    device, all fp16/bf16/fp32. (A per-tensor loop: call it once per layout, not per step.)"""
+    if not tensors:
+        return False
+    device = tensors[0].device
+    return all(t.device == device and t.dtype in _NARROW_FLOATS for t in tensors)
+
+
+def norms(tensors: list[torch.Tensor], *, uniform: bool = False) -> torch.Tensor:
     """L2 norm of each tensor as one float32 vector on the first tensor's device.
 
     NaN/Inf propagate (that is how nonfinite gradients are detected for free). Accumulates in
-    float32 even for fp16/bf16 tensors, so large norms do not overflow.
+    float32 even for fp16/bf16 tensors, so large norms do not overflow. ``uniform=True``
+    (the caller checked :func:`uniform` for this layout) is the every-step path: one
+    ``_foreach_norm`` and a stack, no Python loop over the tensors.
     """
+    if uniform:
+        return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     if not tensors:
         return torch.empty(0, dtype=torch.float32)
     # _foreach_norm accepts only floating/complex tensors; integer and bool ones (watched

@@ -167,7 +167,7 @@ def test_writer_item_exception_is_recorded(run_dir: Path, monkeypatch: pytest.Mo
 
 def test_training_thread_errors_counted_once(run_dir: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    def broken_norms(tensors: list[torch.Tensor], **_: Any) -> torch.Tensor:
         raise RuntimeError("norms exploded")
 
     monkeypatch.setattr(recorder_mod, "norms", broken_norms)
