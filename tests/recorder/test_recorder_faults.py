@@ -17,7 +17,15 @@ import tracealyze.recorder.capture as capture_mod
 import tracealyze.recorder.recorder as recorder_mod
 import tracealyze.recorder.sampler as sampler_mod
 import tracealyze.recorder.writer as writer_mod
-from rec_helpers import FAST, batches, events, loss_fn, run_json, steps_by_number, tiny_model
+from rec_helpers import (
+    FAST,
+    batches,
+    events,
+    run_json,
+    steps_by_number,
+    tiny_model,
+    train,
+)
 from tracealyze.recorder import Recorder
 
 
@@ -28,12 +36,7 @@ def make(run_dir: Path, **knobs: Any) -> tuple[Recorder, torch.nn.Module, Any]:
 
 
 def steps(rec: Recorder, model: torch.nn.Module, opt: Any, n: int) -> None:
-    for x, y in batches(n):
-        loss = loss_fn(model, x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        rec.step(loss=loss)
+    train(rec, model, opt, batches(n))
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
