@@ -97,15 +97,6 @@ def flat_range(ys: list[Any]) -> list[float] | None:
     return [v - pad, v + pad]
 
 
-def byte_unit(max_bytes: float) -> tuple[float, str]:
-    """(divisor, unit) so that memory reads naturally: GiB from 1 GiB, else MiB."""
-    if max_bytes >= 2**30:
-        return float(2**30), "GiB"
-    if max_bytes >= 2**20:
-        return float(2**20), "MiB"
-    return 1024.0, "KiB"
-
-
 def time_unit(typical_s: float) -> tuple[float, str]:
     """(multiplier, unit): milliseconds for sub-second steps, else seconds."""
     return (1000.0, "ms") if typical_s < 1.0 else (1.0, "s")

@@ -31,8 +31,6 @@ COMM_RE = r"^nccl.*Kernel"
 MEMORY_RE = r"^(Memcpy|Memset|dma)"
 NON_COMPUTE_RE = r"^nccl.*Kernel|Memcpy|^Memset|Sync"
 
-KERNEL_TYPES: tuple[str, ...] = ("communication", "memory", "computation", "other")
-
 _ACTIVITY_SQL = f"""
 WITH te AS (
     SELECT rank, trace_id, step, cat, name, ts_us, dur_us, correlation FROM trace_events

@@ -118,11 +118,6 @@ def columns(table: str) -> list[str]:
     return [name for name, _ in TABLES[table]]
 
 
-def duckdb_type(table: str, column: str) -> str:
-    """DuckDB SQL type of a known column."""
-    return DUCKDB_TYPES[dict(TABLES[table])[column]]
-
-
 def arrow_schema(table: str) -> Any:
     """The pyarrow.Schema of ``table`` (pyarrow imported here, not at module import)."""
     import pyarrow as pa
