@@ -59,12 +59,15 @@ class HandRolledTB:
         self.w.close()
 
 
-def _thread_cpu(ids: set[int]) -> float:
-    """CPU seconds (user + system) used so far by the given native thread ids."""
+def _thread_cpu(clocks: list[int]) -> float:
+    """CPU seconds used so far by the threads whose CPU-time clocks these are
+    (``pthread_getcpuclockid``: nanosecond resolution, unlike /proc's 10 ms ticks)."""
     total = 0.0
-    for t in psutil.Process().threads():
-        if t.id in ids:
-            total += t.user_time + t.system_time
+    for clk in clocks:
+        try:
+            total += time.clock_gettime(clk)
+        except OSError:  # the thread has exited: its time is no longer counted
+            pass
     return total
 
 
@@ -72,14 +75,16 @@ def one_round(workload: str, config: str, steps: int, warmup: int, seed: int) ->
     _, make_batch, loss_fn = WORKLOADS[workload]
     model_a, opt_a = build(workload, seed)
     model_b, opt_b = build(workload, seed)
-    before = {t.native_id for t in threading.enumerate()}
+    before = {t.ident for t in threading.enumerate()}
     tmp = tempfile.mkdtemp(prefix=f"tz-bench-{workload}-{config}-")
     logger = None
     if config in ("minimal", "standard", "debug"):
         logger = Recorder(Path(tmp) / "run", model=model_b, optimizer=opt_b, preset=config)
     elif config == "tensorboard":
         logger = HandRolledTB(tmp, model_b)
-    bg_ids = {t.native_id for t in threading.enumerate()} - before
+    # The logger's own background threads (writer, sampler): their CPU is charged to it.
+    bg_ids = [time.pthread_getcpuclockid(t.ident) for t in threading.enumerate()
+              if t.ident not in before]
     g = torch.Generator().manual_seed(seed)
     batches = [make_batch(g) for _ in range(8)]
 

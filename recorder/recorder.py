@@ -32,7 +32,7 @@ from .hooks import ActivationHooks, is_compiling, nonfinite_probe, unwrap_model
 from .profiling import ProfilerSchedule
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .sampler import MemoryProbe, SystemSampler
-from .stats import FullStats, norms
+from .stats import FullStats, NormPlan, norms
 from .writer import Writer, merge_parts, remove_stale_tmp
 
 _SEVERITIES = ("info", "warning", "error", "critical")
@@ -498,7 +498,10 @@ class Recorder:
         acc = acc if acc is not None else self._hook_target()
         scale = getattr(self.scaler, "_scale", None)
         if isinstance(scale, torch.Tensor) and not acc.has("loss_scale"):
-            acc.add(Piece("loss_scale", 1), scale.detach().reshape(1).float().clone())
+            if scale.device.type == "cpu":
+                acc.add_scalar("loss_scale", scale)  # read now: CPU, no sync
+            else:  # a copy: scaler.update() changes _scale in place before the commit
+                acc.add(Piece("loss_scale", 1), scale.detach().reshape(1).float().clone())
 
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():  # a compiled optimizer step: telemetry must not break the graph
@@ -528,17 +531,18 @@ class Recorder:
             grads = [g for (_, g), d in zip(pairs, dense, strict=True) if d]
             self._grad_cache = cache = (names, all(dense),
                                         tuple(n for n, d in zip(names, dense, strict=True) if d),
-                                        stats.uniform(grads))
+                                        NormPlan(grads) if stats.uniform(grads) else None)
         if cache[1]:
-            return [g for _, g in pairs], names
-        return [g for _, g in pairs if not g.is_sparse], cache[2]
+            return [g for _, g in pairs], cache[0]  # the cached tuple: the same object each
+        return [g for _, g in pairs if not g.is_sparse], cache[2]  # step (rows.Codes)
 
     def _grad_norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """Per-step norms: the unchecked fast path when this layout was found uniform."""
+        """Per-step norms: the layout's cached plan when it was found uniform (one device,
+        fp16/bf16/fp32), else the checked path."""
         cache = self._grad_cache
-        if cache is not None and cache[3]:
+        if cache is not None and cache[3] is not None:
             try:
-                return norms(grads, uniform=True)
+                return cache[3](grads)
             except RuntimeError:  # dtype/device changed under the same names: re-check
                 self._grad_cache = None
         return norms(grads)

@@ -2,8 +2,10 @@
 
 Two paths:
 
-* :func:`norms` — the every-step path: one ``torch._foreach_norm`` over all tensors (one
-  fused launch per device on CUDA), stacked into a single float32 vector.
+* :class:`NormPlan` / :func:`norms` — the every-step path: one ``torch._foreach_norm`` over
+  all tensors (one fused launch per device on CUDA; on CPU small tensors are stacked by size
+  first, since there the foreach op is a loop with per-tensor dispatch cost), stacked into a
+  single float32 vector.
 * :class:`FullStats` — the cadence path: norm, absmax, mean, std, min, max, zero fraction and
   nonfinite count of many tensors at once. Tensors of the same size and dtype (layers repeat
   their shapes) are stacked into one ``[P, L]`` matrix per group, in groups of at most
@@ -34,24 +36,85 @@ _NARROW_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def uniform(tensors: list[torch.Tensor]) -> bool:
-    """True when ``norms(tensors, uniform=True)`` may skip its per-tensor checks: all on one
-    device, all fp16/bf16/fp32. (A per-tensor loop: call it once per layout, not per step.)"""
+    """True when the tensors may take :class:`NormPlan`'s unchecked path: all on one device,
+    all fp16/bf16/fp32. (A per-tensor loop: call it once per layout, not per step.)"""
     if not tensors:
         return False
     device = tensors[0].device
     return all(t.device == device and t.dtype in _NARROW_FLOATS for t in tensors)
 
 
-def norms(tensors: list[torch.Tensor], *, uniform: bool = False) -> torch.Tensor:
+# On CPU, ``_foreach_norm`` is a loop of one reduction per tensor, ~2 us of dispatch each:
+# for a bias of 128 values that is all overhead. Tensors at most this size are stacked by
+# size instead and reduced together (the copy is tiny); larger ones keep their own reduction,
+# because stacking them would copy megabytes that a norm only has to read.
+SMALL_NUMEL = 4096
+
+
+class NormPlan:
+    """Per-step L2 norms of one gradient layout, planned once and reused every step.
+
+    Built from the first step's tensors (callers check :func:`uniform` first): on CUDA and
+    other accelerators the plan is one ``_foreach_norm`` (a fused multi-tensor kernel). On
+    CPU, small tensors of the same shape are stacked into one ``[P, *shape]`` tensor and
+    reduced with one ``vector_norm`` per shape, large ones go through ``_foreach_norm``, and
+    one gather with a cached index puts the results back in input order. Same values as
+    :func:`norms`: float32 accumulation, NaN/Inf propagate.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.n = len(tensors)
+        self.large: list[int] = []
+        self.small: list[tuple[list[int], tuple[int, ...]]] = []  # (indices, dims to reduce)
+        self.perm: torch.Tensor | None = None
+        # float32 gradients need no accumulation dtype (passing one costs a conversion
+        # check per tensor); fp16/bf16 accumulate in float32 so large norms cannot overflow.
+        self.dtype = (None if all(t.dtype == torch.float32 for t in tensors)
+                      else torch.float32)
+        if tensors[0].device.type != "cpu":
+            return
+        by_shape: dict[tuple[tuple[int, ...], torch.dtype], list[int]] = {}
+        for i, t in enumerate(tensors):
+            if 0 < t.numel() <= SMALL_NUMEL:
+                by_shape.setdefault((tuple(t.shape), t.dtype), []).append(i)
+            else:
+                self.large.append(i)
+        for (shape, _), idx in by_shape.items():
+            if len(idx) > 1:
+                self.small.append((idx, tuple(range(1, len(shape) + 1))))
+            else:
+                self.large += idx
+        if not self.small:  # nothing to stack: plain foreach, no reordering
+            self.large = []
+            return
+        order = self.large + [i for idx, _ in self.small for i in idx]
+        inverse = [0] * self.n
+        for pos, i in enumerate(order):
+            inverse[i] = pos
+        self.perm = torch.tensor(inverse, dtype=torch.int64)
+
+    def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if len(tensors) != self.n:
+            raise RuntimeError("gradient layout changed")
+        if self.perm is None:
+            return torch.stack(torch._foreach_norm(tensors, 2, dtype=self.dtype))
+        parts = []
+        if self.large:
+            parts.append(torch.stack(torch._foreach_norm([tensors[i] for i in self.large], 2,
+                                                         dtype=self.dtype)))
+        for idx, dims in self.small:
+            x = torch.stack([tensors[i] for i in idx])
+            parts.append(torch.linalg.vector_norm(x, dim=dims, dtype=torch.float32))
+        return torch.cat(parts)[self.perm]
+
+
+def norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     """L2 norm of each tensor as one float32 vector on the first tensor's device.
 
     NaN/Inf propagate (that is how nonfinite gradients are detected for free). Accumulates in
-    float32 even for fp16/bf16 tensors, so large norms do not overflow. ``uniform=True``
-    (the caller checked :func:`uniform` for this layout) is the every-step path: one
-    ``_foreach_norm`` and a stack, no Python loop over the tensors.
+    float32 even for fp16/bf16 tensors, so large norms do not overflow. This is the checked
+    path for any mix of devices and dtypes; the every-step path is :class:`NormPlan`.
     """
-    if uniform:
-        return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     if not tensors:
         return torch.empty(0, dtype=torch.float32)
     # _foreach_norm accepts only floating/complex tensors; integer and bool ones (watched

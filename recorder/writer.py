@@ -38,6 +38,24 @@ PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 _FLOAT_TYPES = (pa.float32(), pa.float64())
 
 
+class Codes:
+    """A text column given as indices into a tuple of distinct values.
+
+    Parameter and module names repeat every step: a step's rows name the same tuple (the
+    very same object each step), so a batch of steps is one ``int32`` index array, and the
+    column becomes an Arrow dictionary without one Python string per row.
+    """
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, values: tuple[str, ...], codes: np.ndarray) -> None:
+        self.values = values
+        self.codes = codes
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+
 class TableBuffer:
     """Rows of one table, held as raw column pieces until the next flush.
 
@@ -98,15 +116,15 @@ class TableBuffer:
 def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
     """One Arrow array from per-append pieces: numpy arrays, lists (None = null), or None
     (column not given: all null). A NaN value stays NaN — a NaN loss is data, not a gap."""
-    text = _is_text(typ)
     if all(p is None for p in pieces):
         return pa.nulls(sum(counts), type=typ)
-    if text:
+    if pa.types.is_dictionary(typ):
+        return _dictionary_column(pieces, counts, typ)
+    if pa.types.is_string(typ):
         vals = np.concatenate([np.full(n, None, dtype=object) if p is None
                                else np.asarray(p, dtype=object)
                                for p, n in zip(pieces, counts, strict=True)])
-        arr = pa.array(vals, type=pa.string())
-        return arr.dictionary_encode().cast(typ) if pa.types.is_dictionary(typ) else arr
+        return pa.array(vals, type=pa.string())
     missing = np.fromiter((p is None for p in pieces), dtype=bool, count=len(pieces))
     if not missing.any() and all(isinstance(p, np.ndarray) for p in pieces):
         values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
@@ -128,8 +146,31 @@ def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
     return pa.array(values, type=typ, mask=mask if mask is not None and mask.any() else None)
 
 
-def _is_text(typ: pa.DataType) -> bool:
-    return pa.types.is_dictionary(typ) or pa.types.is_string(typ)
+def _dictionary_column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
+    """A dictionary-encoded text column from :class:`Codes`, lists of str/None, or None.
+
+    Each distinct tuple of values is mapped into the column's dictionary once (a lookup
+    table), and its codes translated with one NumPy take; only plain lists are walked."""
+    index: dict[str, int] = {}
+    luts: dict[int, np.ndarray] = {}  # id(values tuple) -> its codes in `index`
+    parts = []
+    for p, n in zip(pieces, counts, strict=True):
+        if p is None:
+            parts.append(np.full(n, -1, dtype=np.int32))
+        elif isinstance(p, Codes):
+            lut = luts.get(id(p.values))
+            if lut is None:
+                lut = luts[id(p.values)] = np.fromiter(
+                    (index.setdefault(v, len(index)) for v in p.values), np.int32,
+                    len(p.values))
+            parts.append(lut[p.codes])
+        else:
+            parts.append(np.fromiter((-1 if v is None else index.setdefault(str(v), len(index))
+                                      for v in p), np.int32, n))
+    codes = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    nulls = codes < 0
+    indices = pa.array(codes, mask=nulls if nulls.any() else None).cast(typ.index_type)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(list(index), type=typ.value_type))
 
 
 class Writer:
@@ -157,11 +198,15 @@ class Writer:
         # on a queue mutex the interrupted training thread was holding.) The writer polls.
         self.queue: collections.deque[Any] = collections.deque()
         self.queue_size = queue_size
-        # Each wake-up costs a little CPU, but a long interval makes bursts: on a small
-        # machine a burst of queued items competes with the training thread's compute and
-        # shows up as step-time jitter. 50 ms keeps bursts to a few items; the flush
-        # interval is a promise (what a kill -9 can lose), so wake at least twice per interval.
-        self.poll_s = min(0.05, flush_interval_s / 2)
+        # Polling, adaptively. Every wake-up costs CPU that a small machine takes from
+        # training, and what the writer finds queued is turned into rows as one batch
+        # (vectorised over the steps), so rare wake-ups are cheapest: normally every
+        # max_poll_s. When a wake-up finds the queue over a quarter full (very short steps)
+        # the interval halves, down to 10 ms, so the queue does not overflow and drop data;
+        # it grows back once the queue stays short. The flush interval is a promise (what a
+        # kill -9 can lose), so wake at least twice per interval.
+        self.max_poll_s = min(0.5, flush_interval_s / 2)
+        self.poll_s = self.max_poll_s
         self._stopping = threading.Event()
         self.buffers = {name: TableBuffer(name) for name in TABLES}
         self.dropped: Counter[str] = Counter()  # what could not be recorded, by table
@@ -246,7 +291,8 @@ class Writer:
         while True:
             stopping = self._stopping.wait(self.poll_s)
             try:
-                self._drain()
+                found = self._drain()
+                self._adapt_poll(found)
                 due = time.monotonic() - self._last_flush >= self.flush_interval_s
                 if stopping or due or any(b.rows >= self.flush_rows
                                           for b in self.buffers.values()):
@@ -256,19 +302,37 @@ class Writer:
             if stopping:
                 return
 
-    def _drain(self) -> None:
+    def _adapt_poll(self, found: int) -> None:
+        if found > self.queue_size // 4:
+            self.poll_s = max(0.01, self.poll_s / 2)
+        elif found < self.queue_size // 16:
+            self.poll_s = min(self.max_poll_s, self.poll_s * 2)
+
+    def _drain(self) -> int:
+        """Process everything queued; returns how many items there were. Consecutive items
+        of a type with ``write_many`` (committed steps) are processed as one batch."""
         q = self.queue
+        found = 0
         while q:
-            item = q.popleft()
+            batch = [q.popleft()]
+            many = getattr(batch[0], "write_many", None)
+            if many is not None:
+                kind = type(batch[0])
+                while q and type(q[0]) is kind and len(batch) < 512:
+                    batch.append(q.popleft())
+            found += len(batch)
             try:
-                item(self)
+                if many is not None:
+                    many(self, batch)
+                else:
+                    batch[0](self)
             except Exception as exc:  # a bad item must not kill the writer
                 self.record_error("writer", exc)
             if any(b.rows >= self.flush_rows for b in self.buffers.values()):
                 self.flush()
-            # Let the training thread have the GIL between items: a burst of queued items
-            # must not hold it for milliseconds (visible as step-time jitter).
+            # Let the training thread have the GIL between batches.
             time.sleep(0)
+        return found
 
     def flush(self) -> None:
         """Write every non-empty buffer as a new part; keep rows whose write failed."""

@@ -173,7 +173,10 @@ def test_training_thread_errors_counted_once(run_dir: Path,
     def broken_norms(tensors: list[torch.Tensor], **_: Any) -> torch.Tensor:
         raise RuntimeError("norms exploded")
 
+    # Both the every-step plan and the checked path it falls back to.
     monkeypatch.setattr(recorder_mod, "norms", broken_norms)
+    monkeypatch.setattr(recorder_mod.NormPlan, "__call__",
+                        lambda self, tensors: broken_norms(tensors))
     rec, model, opt = make(run_dir)
     steps(rec, model, opt, 4)
     assert rec.errors == 4
@@ -189,13 +192,13 @@ def test_training_thread_errors_counted_once(run_dir: Path,
 def test_full_queue_drops_and_counts_but_never_blocks(run_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
-    real_call = capture_mod.StepItem.__call__
+    real_write = capture_mod.StepItem.write_many
 
-    def slow_call(self: Any, w: Any) -> None:
+    def slow_write(w: Any, items: Any) -> None:
         release.wait(60)  # the writer is stuck until the loop has finished
-        real_call(self, w)
+        real_write(w, items)
 
-    monkeypatch.setattr(capture_mod.StepItem, "__call__", slow_call)
+    monkeypatch.setattr(capture_mod.StepItem, "write_many", staticmethod(slow_write))
     rec, model, opt = make(run_dir, queue_size=1)
     n = 20
     loop = threading.Thread(target=steps, args=(rec, model, opt, n), daemon=True)

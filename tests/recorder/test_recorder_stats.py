@@ -24,8 +24,11 @@ from tracealyze.recorder.stats import (
     NORM,
     STD,
     ZERO_FRAC,
+    SMALL_NUMEL,
     FullStats,
+    NormPlan,
     norms,
+    uniform,
 )
 
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -142,6 +145,45 @@ def test_norms_match_numpy(ts: list[torch.Tensor]) -> None:
             assert np.isnan(g), t
         else:
             assert math.isclose(float(g), ref, rel_tol=1e-5), (t, g, ref)
+
+
+_plan_dtypes = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
+# Sizes around SMALL_NUMEL, and repeats of a few sizes, so that the stacked (small, equal
+# sizes), the foreach (large, or a size seen once) and the mixed plans all occur.
+_plan_sizes = st.sampled_from([1, 3, 128, SMALL_NUMEL, SMALL_NUMEL + 1, 3 * SMALL_NUMEL])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=st.lists(st.tuples(_plan_sizes, _plan_dtypes), min_size=1, max_size=12),
+       seed=st.integers(0, 2**16), special=st.sampled_from([None, math.nan, math.inf]))
+def test_norm_plan_matches_numpy_in_input_order(layout: list[tuple[int, torch.dtype]],
+                                                seed: int, special: float | None) -> None:
+    # The every-step path: one plan per layout, reused on fresh values of the same layout.
+    g = torch.Generator().manual_seed(seed)
+    make = lambda: [(torch.randn(n, generator=g) * (i + 1)).to(dt)  # noqa: E731
+                    for i, (n, dt) in enumerate(layout)]
+    first = make()
+    assert uniform(first)
+    plan = NormPlan(first)
+    for ts in (first, make()):
+        if special is not None:
+            ts[seed % len(ts)].view(-1)[0] = special
+        got = plan(ts).numpy()
+        assert got.shape == (len(ts),) and got.dtype == np.float32
+        for g_, t in zip(got, ts, strict=True):
+            ref = reference(t)[NORM]
+            if np.isnan(ref):
+                assert np.isnan(g_), (t, g_)
+            elif np.isinf(ref):
+                assert g_ == ref
+            else:
+                assert math.isclose(float(g_), ref, rel_tol=1e-5), (t.dtype, t.numel(), g_, ref)
+
+
+def test_norm_plan_refuses_another_layout() -> None:
+    plan = NormPlan([torch.ones(3), torch.ones(3)])
+    with pytest.raises(RuntimeError):
+        plan([torch.ones(3)])  # the recorder re-plans on RuntimeError
 
 
 @settings(max_examples=30, deadline=None)
