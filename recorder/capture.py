@@ -55,6 +55,8 @@ class StepAccum:
     act_seq: int = 0
     # Per-module NaN/Inf probes (name, numel, seq, 0-d device tensor), stacked at commit.
     probes: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
+    # Per-module activation statistics (name, numel, seq, [1, 8] tensor), likewise.
+    act_stats: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
 
     def has(self, label: str) -> bool:
         return label in self.floats or any(p.label == label for p in self.pieces)

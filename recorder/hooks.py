@@ -61,25 +61,58 @@ def nonfinite_probe(t: torch.Tensor) -> torch.Tensor:
     return t.detach().sum(dtype=torch.float32)
 
 
+# Modules whose output is finite whenever their input is (elementwise activations, dropout,
+# reshapes: no arithmetic that can overflow or divide). The every-step NaN probe skips them: a
+# NaN in their output was already in their input, which the module that produced it was
+# probed for; and if that was arithmetic in a parent's forward, the parent's output (probed
+# after its children) is the first nonfinite one, which blames the parent — correctly.
+FINITE_PRESERVING: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU,
+    nn.Mish, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.Softsign,
+    nn.Tanhshrink, nn.Softshrink, nn.Hardshrink, nn.Threshold, nn.Softplus, nn.LogSigmoid,
+    nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+    nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.Identity, nn.Flatten,
+    nn.Unflatten,
+)
+
+
 class ActivationHooks:
-    """Forward hooks on every module: per-step NaN/Inf counts and cadence statistics.
+    """Forward hooks on the model's modules: per-step NaN/Inf probes and cadence statistics.
 
     ``on_output(index, tensor)`` and ``on_input(tensor)`` are the recorder's callbacks; hooks
     return immediately while torch.compile traces (telemetry must not cause graph breaks).
+    Every step only the modules that need the probe are hooked (``probe=True``: all but
+    :data:`FINITE_PRESERVING`; none otherwise) — each hook makes its module's call slower.
+    :meth:`hook_all` adds the rest for a statistics step and takes them off again after it.
     """
 
     def __init__(self, model: nn.Module, on_output: Callable[[int, torch.Tensor], None],
-                 on_input: Callable[[torch.Tensor], None]) -> None:
+                 on_input: Callable[[torch.Tensor], None], *, probe: bool) -> None:
+        modules = [mod for _, mod in model.named_modules()]
         self.names = [name or "<model>" for name, _ in model.named_modules()]
         self._last: torch.Tensor | None = None
-        self.handles = []
-        for i, (_, mod) in enumerate(model.named_modules()):
-            self.handles.append(mod.register_forward_hook(self._make(i, on_output)))
+        self._cb = on_output
+        always = [i for i, mod in enumerate(modules)
+                  if probe and not isinstance(mod, FINITE_PRESERVING)]
+        self._rest = [(i, modules[i]) for i in sorted(set(range(len(modules))) - set(always))]
+        self.handles = [modules[i].register_forward_hook(self._make(i)) for i in always]
+        self._extra: list[Any] = []
         self.handles.append(model.register_forward_pre_hook(
             lambda _m, args: None if is_compiling() or not torch.is_grad_enabled()
             else _input(args, on_input)))
 
-    def _make(self, i: int, cb: Callable[[int, torch.Tensor], None]):
+    def hook_all(self, on: bool) -> None:
+        """Hook every module (for a step with activation statistics), or only the probed."""
+        if on and not self._extra:
+            self._extra = [mod.register_forward_hook(self._make(i)) for i, mod in self._rest]
+        elif not on and self._extra:
+            for h in self._extra:
+                h.remove()
+            self._extra = []
+
+    def _make(self, i: int):
+        cb = self._cb
+
         def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
             # Forward passes without autograd (evaluation, generation) are not training
             # steps: recording them would pile up pieces and blame eval NaNs on training.
@@ -94,6 +127,7 @@ class ActivationHooks:
         return hook
 
     def remove(self) -> None:
+        self.hook_all(False)
         for h in self.handles:
             h.remove()
         self.handles = []

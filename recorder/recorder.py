@@ -226,7 +226,9 @@ class Recorder:
             self._wrap_scaler()
         cfg = self.config
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
-            self._act = ActivationHooks(self.model, self._on_activation, self._on_input)
+            self._act = ActivationHooks(self.model, self._on_activation, self._on_input,
+                                        probe=cfg.activation_nonfinite)
+            self._act.hook_all(self._due(cfg.activation_stats_every, self._acc.step))
 
     def _wrap_scaler(self) -> None:
         # A step the scaler skips never calls optimizer.step(), so the pre-hook would miss
@@ -444,6 +446,9 @@ class Recorder:
             acc.duration_s = now - self._last_end
             self._last_end = now
             self._acc = StepAccum(step=acc.step + 1)
+            if self._act is not None and self.config.activation_stats_every:
+                self._act.hook_all(self._due(self.config.activation_stats_every,
+                                             self._acc.step))
             if acc.grads_captured or (self.optimizer is None and self.scaler is None):
                 if not acc.grads_captured:
                     self._capture_grads(acc)  # no optimizer: gradients are read here
@@ -473,6 +478,7 @@ class Recorder:
         target.tensors.extend(extra.tensors)
         target.pieces.extend(extra.pieces)
         target.probes.extend(extra.probes)
+        target.act_stats.extend(extra.act_stats)
         target.metrics.update(extra.metrics)
         target.data_wait_s += extra.data_wait_s
         target.waited = target.waited or extra.waited
@@ -596,8 +602,7 @@ class Recorder:
         if cfg.activation_nonfinite:
             acc.probes.append((name, t.numel(), acc.act_seq, nonfinite_probe(t)))
         if self._due(cfg.activation_stats_every, acc.step):
-            acc.add(Piece("activation", 8, (name,), (t.numel(),), (acc.act_seq,)),
-                    self._full.one(t))
+            acc.act_stats.append((name, t.numel(), acc.act_seq, self._full.one(t)))
 
     def _on_input(self, t: torch.Tensor) -> None:
         if self.config.activation_nonfinite:
@@ -613,9 +618,14 @@ class Recorder:
                 self._full.one(tensor))
 
     def _commit(self, acc: StepAccum) -> None:
-        if acc.probes:  # per-module NaN probes, in forward-completion order: one piece
+        # Per-module NaN probes and activation statistics, in forward-completion order: one
+        # piece each (one stack/cat here instead of a piece per module to split back out).
+        if acc.probes:
             names, numels, seqs, vals = zip(*acc.probes, strict=True)
             acc.add(Piece("act_nf", len(vals), names, numels, seqs), torch.stack(vals))
+        if acc.act_stats:
+            names, numels, seqs, vals = zip(*acc.act_stats, strict=True)
+            acc.add(Piece("activation", 8 * len(vals), names, numels, seqs), torch.cat(vals))
         host, event = pack(acc)
         memory = self._due(self.config.memory_every, acc.step)
         item = StepItem(

@@ -647,6 +647,44 @@ def test_activation_nan_traced_to_module(run_dir: Path) -> None:
     assert {"enc.0", "enc.1", "block.0"}.isdisjoint(r["name"] for r in at2)
 
 
+class _ParentNaN(nn.Module):
+    """Arithmetic in its own forward (a division by zero at its second call) whose Inf/NaN
+    goes through a ReLU child before the module returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.act = nn.ReLU()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        h = self.lin(x)
+        return self.act(h / 0.0 if self.calls == 2 else h)
+
+
+def test_finite_preserving_modules_are_probed_only_at_statistics_steps(run_dir: Path) -> None:
+    # A ReLU cannot turn finite values into NaN/Inf: the every-step probe skips it (a hook
+    # on every module slows every forward), and a NaN made by arithmetic in the parent's
+    # forward is blamed on the parent, whose output is probed after its children.
+    torch.manual_seed(0)
+    model = nn.Sequential(_ParentNaN(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with Recorder(run_dir, model=model, optimizer=opt, activation_nonfinite=True,
+                  activation_stats_every=2, **FAST) as rec:
+        train(rec, model, opt, batches(4))
+    act = [e for e in events(run_dir, "nonfinite")
+           if json.loads(e["details"]).get("source") == "activation"]
+    assert [(e["step"], e["subject"]) for e in act] == [(1, "0")]
+    rows_ = stats_rows(run_dir, "activation")
+    probed_at_1 = {r["name"] for r in rows_ if r["step"] == 1}
+    assert "0" in probed_at_1 and "0.lin" in probed_at_1 and "0.act" not in probed_at_1
+    # Statistics steps (0, 2) cover every module, the ReLU included (dead activations).
+    stats_at = {s: {r["name"] for r in rows_ if r["step"] == s and r["mean"] is not None}
+                for s in (0, 2)}
+    assert all("0.act" in names and "0.lin" in names for names in stats_at.values())
+
+
 def test_gradient_nan_traced_to_first_parameter(run_dir: Path, model_opt: Any) -> None:
     model, opt = model_opt
     with Recorder(run_dir, model=model, optimizer=opt, **FAST) as rec:
