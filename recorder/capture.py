@@ -53,8 +53,11 @@ class StepAccum:
     ended: float | None = None  # wall time of the rec.step() that closed it
     duration_s: float | None = None
     act_seq: int = 0
-    # Per-module NaN/Inf probes (name, numel, seq, 0-d device tensor), stacked at commit.
-    probes: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
+    # Module outputs awaiting their NaN/Inf probe (name, numel, seq, the output itself), all
+    # probed at once when the forward pass ends; then blocks of (names, numels, seqs, device
+    # vector) per forward pass, joined into one piece at commit.
+    to_probe: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
+    probes: list[tuple[tuple, tuple, tuple, torch.Tensor]] = field(default_factory=list)
     # Per-module activation statistics (name, numel, seq, [1, 8] tensor), likewise.
     act_stats: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
 

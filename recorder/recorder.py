@@ -28,7 +28,7 @@ from . import stats
 from .capture import Piece, StepAccum, StepItem, event_row, pack
 from .config import RecorderConfig
 from .dist import rank_and_world
-from .hooks import ActivationHooks, is_compiling, nonfinite_probe, unwrap_model
+from .hooks import ActivationHooks, is_compiling, nonfinite_probes, unwrap_model
 from .profiling import ProfilerSchedule
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .sampler import MemoryProbe, SystemSampler
@@ -227,7 +227,8 @@ class Recorder:
         cfg = self.config
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             self._act = ActivationHooks(self.model, self._on_activation, self._on_input,
-                                        probe=cfg.activation_nonfinite)
+                                        probe=cfg.activation_nonfinite,
+                                        on_end=self._on_forward_end)
             self._act.hook_all(self._due(cfg.activation_stats_every, self._acc.step))
 
     def _wrap_scaler(self) -> None:
@@ -477,6 +478,7 @@ class Recorder:
     def _fold_into(target: StepAccum, extra: StepAccum) -> None:
         target.tensors.extend(extra.tensors)
         target.pieces.extend(extra.pieces)
+        target.to_probe.extend(extra.to_probe)
         target.probes.extend(extra.probes)
         target.act_stats.extend(extra.act_stats)
         target.metrics.update(extra.metrics)
@@ -600,13 +602,24 @@ class Recorder:
         acc.act_seq += 1
         name = self._act.names[index] if self._act else str(index)
         if cfg.activation_nonfinite:
-            acc.probes.append((name, t.numel(), acc.act_seq, nonfinite_probe(t)))
+            acc.to_probe.append((name, t.numel(), acc.act_seq, t))
         if self._due(cfg.activation_stats_every, acc.step):
             acc.act_stats.append((name, t.numel(), acc.act_seq, self._full.one(t)))
 
     def _on_input(self, t: torch.Tensor) -> None:
         if self.config.activation_nonfinite:
-            self._acc.probes.append(("<input>", t.numel(), 0, nonfinite_probe(t)))
+            self._acc.to_probe.append(("<input>", t.numel(), 0, t))
+
+    def _on_forward_end(self) -> None:
+        self._guard("activation_probe", self._probe_outputs, self._acc)
+
+    def _probe_outputs(self, acc: StepAccum) -> None:
+        """Probe the module outputs collected during the forward pass that just ended, all
+        at once, and drop the references (until then they keep those outputs alive)."""
+        if acc.to_probe:
+            names, numels, seqs, ts = zip(*acc.to_probe, strict=True)
+            acc.to_probe = []
+            acc.probes.append((names, numels, seqs, nonfinite_probes(list(ts))))
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -620,9 +633,15 @@ class Recorder:
     def _commit(self, acc: StepAccum) -> None:
         # Per-module NaN probes and activation statistics, in forward-completion order: one
         # piece each (one stack/cat here instead of a piece per module to split back out).
+        self._probe_outputs(acc)  # a forward whose model call did not return (or a submodule)
         if acc.probes:
-            names, numels, seqs, vals = zip(*acc.probes, strict=True)
-            acc.add(Piece("act_nf", len(vals), names, numels, seqs), torch.stack(vals))
+            blocks = acc.probes
+            if len(blocks) == 1:  # one forward pass
+                names, numels, seqs, vec = blocks[0]
+            else:  # micro-batches: one block per forward pass
+                names, numels, seqs = (sum((b[k] for b in blocks), ()) for k in range(3))
+                vec = torch.cat([b[3] for b in blocks])
+            acc.add(Piece("act_nf", len(names), names, numels, seqs), vec)
         if acc.act_stats:
             names, numels, seqs, vals = zip(*acc.act_stats, strict=True)
             acc.add(Piece("activation", 8 * len(vals), names, numels, seqs), torch.cat(vals))

@@ -247,9 +247,9 @@ def _stat_columns(step: int, p: Piece, seg: np.ndarray) -> dict[str, Any]:
 
 
 def _activation_nonfinite(out: _Out, it: StepItem, p: Piece, bad: np.ndarray) -> None:
-    """Per-step NaN/Inf probes of module outputs (a sum each, nonfinite iff the output held
-    NaN/Inf), for a step where something went bad: rows with nonfinite = 1 for the modules
-    whose output did (a flag, not a count: counts come with the full activation statistics
+    """Per-step NaN/Inf probes of module outputs (an L2 norm each: nonfinite iff the output
+    held NaN/Inf), for a step where something went bad: rows with nonfinite = 1 for the
+    modules whose output did (a flag, not a count: counts come with the full activation statistics
     at their cadence)."""
     n = len(p.names)
     out.append(("tensor_stats", {
