@@ -34,6 +34,9 @@ class Piece:
     numels: tuple[int, ...] = ()
     seqs: tuple[int, ...] = ()
     metric: str | None = None
+    # act_nf: True where the output was modified in place after its module returned (its
+    # probe saw the later values, so it alone cannot prove the module made a NaN/Inf).
+    late: tuple[bool, ...] = ()
 
 
 @dataclass
@@ -53,11 +56,12 @@ class StepAccum:
     ended: float | None = None  # wall time of the rec.step() that closed it
     duration_s: float | None = None
     act_seq: int = 0
-    # Module outputs awaiting their NaN/Inf probe (name, numel, seq, the output itself), all
-    # probed at once when the forward pass ends; then blocks of (names, numels, seqs, device
-    # vector) per forward pass, joined into one piece at commit.
-    to_probe: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
-    probes: list[tuple[tuple, tuple, tuple, torch.Tensor]] = field(default_factory=list)
+    # Module outputs awaiting their NaN/Inf probe (name, numel, seq, the output itself, its
+    # in-place version then), all probed at once when the forward pass ends; then blocks of
+    # (names, numels, seqs, late flags, device vector) per forward pass, joined at commit.
+    to_probe: list[tuple[str, int, int, torch.Tensor, int]] = field(default_factory=list)
+    probes: list[tuple[tuple, tuple, tuple, tuple, torch.Tensor]] = field(
+        default_factory=list)
     # Per-module activation statistics (name, numel, seq, [1, 8] tensor), likewise.
     act_stats: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
 

@@ -602,13 +602,13 @@ class Recorder:
         acc.act_seq += 1
         name = self._act.names[index] if self._act else str(index)
         if cfg.activation_nonfinite:
-            acc.to_probe.append((name, t.numel(), acc.act_seq, t))
+            acc.to_probe.append((name, t.numel(), acc.act_seq, t, t._version))
         if self._due(cfg.activation_stats_every, acc.step):
             acc.act_stats.append((name, t.numel(), acc.act_seq, self._full.one(t)))
 
     def _on_input(self, t: torch.Tensor) -> None:
         if self.config.activation_nonfinite:
-            self._acc.to_probe.append(("<input>", t.numel(), 0, t))
+            self._acc.to_probe.append(("<input>", t.numel(), 0, t, t._version))
 
     def _on_forward_end(self) -> None:
         self._guard("activation_probe", self._probe_outputs, self._acc)
@@ -617,9 +617,13 @@ class Recorder:
         """Probe the module outputs collected during the forward pass that just ended, all
         at once, and drop the references (until then they keep those outputs alive)."""
         if acc.to_probe:
-            names, numels, seqs, ts = zip(*acc.to_probe, strict=True)
+            names, numels, seqs, ts, versions = zip(*acc.to_probe, strict=True)
             acc.to_probe = []
-            acc.probes.append((names, numels, seqs, nonfinite_probes(list(ts))))
+            # An output modified in place after its module returned (ReLU(inplace=True),
+            # `out += x`, masked_fill_) is probed with its later values: flagged, so that
+            # it alone never raises a NaN alarm (host-side version counters, no device work).
+            late = tuple(t._version != v for t, v in zip(ts, versions, strict=True))
+            acc.probes.append((names, numels, seqs, late, nonfinite_probes(list(ts))))
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
@@ -637,11 +641,11 @@ class Recorder:
         if acc.probes:
             blocks = acc.probes
             if len(blocks) == 1:  # one forward pass
-                names, numels, seqs, vec = blocks[0]
+                names, numels, seqs, late, vec = blocks[0]
             else:  # micro-batches: one block per forward pass
-                names, numels, seqs = (sum((b[k] for b in blocks), ()) for k in range(3))
-                vec = torch.cat([b[3] for b in blocks])
-            acc.add(Piece("act_nf", len(names), names, numels, seqs), vec)
+                names, numels, seqs, late = (sum((b[k] for b in blocks), ()) for k in range(4))
+                vec = torch.cat([b[4] for b in blocks])
+            acc.add(Piece("act_nf", len(names), names, numels, seqs, late=late), vec)
         if acc.act_stats:
             names, numels, seqs, vals = zip(*acc.act_stats, strict=True)
             acc.add(Piece("activation", 8 * len(vals), names, numels, seqs), torch.cat(vals))

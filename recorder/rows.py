@@ -104,7 +104,12 @@ def _rows(run: Sequence[StepItem]) -> _Out:
         elif label == "act_nf":
             bad = ~np.isfinite(block)
             for r in np.flatnonzero(bad.any(axis=1)):
-                _activation_nonfinite(out, run[r], run[r].pieces[j], bad[r])
+                piece = run[r].pieces[j]
+                late = np.asarray(piece.late, dtype=bool) if piece.late else False
+                # Only outputs changed in place later look nonfinite (say masked_fill_(-inf)
+                # on a projection, every step): nothing proves a module made a NaN/Inf.
+                if (bad[r] & ~late).any():
+                    _activation_nonfinite(out, run[r], piece, bad[r])
         else:
             for r, it in enumerate(run):
                 out.append(("tensor_stats", _stat_columns(it.step, it.pieces[j], block[r])))
@@ -257,7 +262,10 @@ def _activation_nonfinite(out: _Out, it: StepItem, p: Piece, bad: np.ndarray) ->
         "kind": Codes(("activation",), np.zeros(n, np.int32)),
         "numel": np.asarray(p.numels, dtype=np.int64), "nonfinite": bad.astype(np.float64),
         "seq": np.asarray(p.seqs, dtype=np.int32)}))
-    name = p.names[int(np.argmax(bad))]  # pieces are in forward-completion order
+    # The first nonfinite output in forward-completion order. It may be one changed in place
+    # later (BatchNorm's output under ReLU(inplace=True) keeps the NaN BatchNorm made): one
+    # that is unchanged and nonfinite comes after it, so the NaN was there by then.
+    name = p.names[int(np.argmax(bad))]
     where = "the input batch" if name == "<input>" else f"the output of module {name!r}"
     _report_nonfinite(out, it, "activation", name, f"NaN/Inf first appeared in {where}")
 

@@ -421,21 +421,9 @@ class Writer:
     def _write_part(self, table_name: str, table: pa.Table) -> None:
         d = self.run_dir / table_name / f"rank={self.rank}"
         d.mkdir(parents=True, exist_ok=True)  # also recreates a deleted run directory
-        if table_name == "tensor_stats" and table.num_rows > 1:
-            table = _group_by_tensor(table)
         final = d / f"part-{self._seq:06d}.parquet"
         write_parquet_atomic(table, final)
         self._seq += 1
-
-
-def _group_by_tensor(table: pa.Table) -> pa.Table:
-    """Rows of one tensor next to each other, in step order: consecutive values of one
-    tensor are similar, so byte-stream-split + zstd compress them several times better."""
-    t = table.unify_dictionaries().combine_chunks()
-    name_idx = t.column("name").chunk(0).indices.to_numpy(zero_copy_only=False)
-    kind_idx = t.column("kind").chunk(0).indices.to_numpy(zero_copy_only=False)
-    order = np.lexsort((t.column("step").to_numpy(), kind_idx, name_idx))
-    return t.take(pa.array(order))
 
 
 def write_parquet_atomic(tables: pa.Table | list[pa.Table] | Any, final: Path) -> None:

@@ -685,6 +685,49 @@ def test_finite_preserving_modules_are_probed_only_at_statistics_steps(run_dir: 
     assert all("0.act" in names and "0.lin" in names for names in stats_at.values())
 
 
+class _MaskedProjection(nn.Module):
+    """Attention-style: -inf written in place into a projection's output after it returned
+    (healthy: the softmax turns it into zeros)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.proj(x)
+        s.masked_fill_(torch.arange(8) >= 6, float("-inf"))
+        return self.head(torch.softmax(s, dim=-1))
+
+
+def test_output_masked_in_place_later_is_no_nan_alarm(run_dir: Path) -> None:
+    # Probed at the end of the forward pass, proj's output holds the -inf written after proj
+    # returned: flagged as changed in place, it cannot by itself raise an alarm.
+    torch.manual_seed(0)
+    model = _MaskedProjection()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(run_dir, model=model, optimizer=opt, activation_nonfinite=True,
+                  **FAST) as rec:
+        train(rec, model, opt, batches(4))
+        assert rec.errors == 0
+    assert events(run_dir, "nonfinite") == []
+    assert [r for r in stats_rows(run_dir, "activation") if r["nonfinite"]] == []
+
+
+def test_nan_under_an_inplace_relu_is_blamed_on_the_module_that_made_it(run_dir: Path) -> None:
+    # _NaNAt's output is modified in place by ReLU(inplace=True) (NaN stays NaN): the
+    # module that made the NaN is still the one blamed, not the next Linear.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), _NaNAt(), nn.ReLU(inplace=True), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with Recorder(run_dir, model=model, optimizer=opt, activation_nonfinite=True,
+                  **FAST) as rec:
+        train(rec, model, opt, batches(4))
+    act = [e for e in events(run_dir, "nonfinite")
+           if json.loads(e["details"]).get("source") == "activation"]
+    assert [(e["step"], e["subject"]) for e in act] == [(2, "1")]
+
+
 def test_gradient_nan_traced_to_first_parameter(run_dir: Path, model_opt: Any) -> None:
     model, opt = model_opt
     with Recorder(run_dir, model=model, optimizer=opt, **FAST) as rec:
