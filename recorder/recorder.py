@@ -563,11 +563,13 @@ class Recorder:
         cfg = self.config
         if self.model is None:
             return
-        grads, names = self._grads()
+        norms_due = self._due(cfg.grad_norm_every, acc.step)
+        stats_due = self._due(cfg.tensor_stats_every, acc.step)
+        grads, names = self._grads() if norms_due or stats_due else ([], ())
         if grads:
-            if self._due(cfg.grad_norm_every, acc.step):
+            if norms_due:
                 acc.add(Piece("grad_norms", len(grads), names), self._grad_norms(grads))
-            if self._due(cfg.tensor_stats_every, acc.step):
+            if stats_due:
                 acc.add(Piece("grad", len(grads) * 8, names, tuple(g.numel() for g in grads)),
                         self._full(grads))
         if self._due(cfg.param_stats_every, acc.step) and self._named_params:

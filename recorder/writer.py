@@ -241,7 +241,7 @@ class Writer:
         self.on_flush = on_flush
         # A deque, not queue.Queue: append/popleft are atomic under the GIL, so submit()
         # takes no lock. (A SIGTERM handler that closes the recorder can then never deadlock
-        # on a queue mutex the interrupted training thread was holding.) The writer polls.
+        # on a queue mutex the interrupted training thread was holding.)
         self.queue: collections.deque[Any] = collections.deque()
         self.queue_size = queue_size
         # When to wake. Each wake-up costs CPU that a small machine takes from training
@@ -346,7 +346,9 @@ class Writer:
             stopping = self._stopping.is_set()
             try:
                 self._drain()
-                due = time.monotonic() - self._last_flush >= self.flush_interval_s
+                # Due if the next wake-up would come after the flush interval has passed.
+                due = (time.monotonic() - self._last_flush
+                       >= self.flush_interval_s - self.max_wait_s)
                 if stopping or due or any(b.rows >= self.flush_rows
                                           for b in self.buffers.values()):
                     self.flush()
