@@ -13,14 +13,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .rows import write_steps
-
-if TYPE_CHECKING:
-    from .writer import Writer
 
 
 @dataclass
@@ -133,7 +130,7 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]
 
 @dataclass
 class StepItem:
-    """A committed step on its way to the writer thread (callable there)."""
+    """A committed step on its way to the writer thread (rows made by :mod:`.rows`)."""
 
     step: int
     time: float
@@ -151,13 +148,8 @@ class StepItem:
     nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
     store_grad_norms: bool = True
 
-    def __call__(self, w: Writer) -> None:
-        write_steps(w, [self])
-
-    @staticmethod
-    def write_many(w: Writer, items: list[StepItem]) -> None:
-        """Several consecutive steps at once (the writer batches what it finds queued)."""
-        write_steps(w, items)
+    # The writer hands every run of consecutive queued steps to this at once.
+    write_many = staticmethod(write_steps)
 
 
 def event_row(step: int | None, kind: str, message: str, *, severity: str,

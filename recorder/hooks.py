@@ -104,10 +104,11 @@ class ActivationHooks:
         self.names = [name or "<model>" for name, _ in model.named_modules()]
         self._last: torch.Tensor | None = None
         self._cb = on_output
-        always = [i for i, mod in enumerate(modules)
-                  if probe and not isinstance(mod, FINITE_PRESERVING)]
-        self._rest = [(i, modules[i]) for i in sorted(set(range(len(modules))) - set(always))]
-        self.handles = [modules[i].register_forward_hook(self._make(i)) for i in always]
+        probed = [probe and not isinstance(mod, FINITE_PRESERVING) for mod in modules]
+        self._rest = [(i, mod) for i, (mod, p) in enumerate(zip(modules, probed, strict=True))
+                      if not p]
+        self.handles = [mod.register_forward_hook(self._make(i))
+                        for i, (mod, p) in enumerate(zip(modules, probed, strict=True)) if p]
         self._extra: list[Any] = []
         self.handles.append(model.register_forward_pre_hook(
             lambda _m, args: None if is_compiling() or not torch.is_grad_enabled()
