@@ -29,6 +29,8 @@ class Piece:
     n: int
     names: tuple[str, ...] = ()
     numels: tuple[int, ...] = ()
+    # Order of each row: forward-completion order (activations), or the parameter position
+    # of each value when grad_norms come in a plan's order (stats.NormPlan).
     seqs: tuple[int, ...] = ()
     metric: str | None = None
     # act_nf: True where the output was modified in place after its module returned (its

@@ -89,7 +89,7 @@ class Recorder:
         self._prepare_run_dir(resume)
         self._named_params = (list(self.model.named_parameters())
                               if self.model is not None else [])
-        self._grad_cache: tuple[Any, ...] | None = None
+        self._grad_layout: _GradLayout | None = None
         self._device = self._pick_device()
         self._full = FullStats(self.config.stats_chunk_elems)
         self._probe = MemoryProbe(self._device)
@@ -527,33 +527,29 @@ class Recorder:
                 pending, self._pending = self._pending, None
                 self._guard("optimizer_hook", self._commit, pending)
 
-    def _grads(self) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+    def _grads(self) -> tuple[list[torch.Tensor], _GradLayout]:
         # One pass over the parameters collecting .grad references (a host-side attribute
         # read each, no device work). Frozen parameters have none; sparse gradients are
         # skipped (checked only when the set of names changes).
         pairs = [(n, g) for n, p in self._named_params if (g := p.grad) is not None]
         names = tuple(n for n, _ in pairs)
-        cache = self._grad_cache
-        if cache is None or cache[0] != names:
-            dense = tuple(not g.is_sparse for _, g in pairs)
-            grads = [g for (_, g), d in zip(pairs, dense, strict=True) if d]
-            self._grad_cache = cache = (names, all(dense),
-                                        tuple(n for n, d in zip(names, dense, strict=True) if d),
-                                        NormPlan(grads) if stats.uniform(grads) else None)
-        if cache[1]:
-            return [g for _, g in pairs], cache[0]  # the cached tuple: the same object each
-        return [g for _, g in pairs if not g.is_sparse], cache[2]  # step (rows.Codes)
+        layout = self._grad_layout
+        if layout is None or layout.names != names:
+            self._grad_layout = layout = _GradLayout(names, [g for _, g in pairs])
+        if layout.all_dense:
+            return [g for _, g in pairs], layout
+        return [g for _, g in pairs if not g.is_sparse], layout
 
-    def _grad_norms(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """Per-step norms: the layout's cached plan when it was found uniform (one device,
-        fp16/bf16/fp32), else the checked path."""
-        cache = self._grad_cache
-        if cache is not None and cache[3] is not None:
+    def _grad_norms(self, grads: list[torch.Tensor], layout: _GradLayout) -> Piece | None:
+        """This step's per-parameter gradient norms as a piece and its device vector: the
+        layout's cached plan when it was found uniform (one device, fp16/bf16/fp32), else the
+        checked path. Values come in the plan's order, labelled by the cached names."""
+        if layout.plan is not None:
             try:
-                return cache[3](grads)
+                return layout.plan_piece, layout.plan(grads)
             except RuntimeError:  # dtype/device changed under the same names: re-check
-                self._grad_cache = None
-        return norms(grads)
+                self._grad_layout = None
+        return layout.piece, norms(grads)
 
     def _due(self, every: int, step: int) -> bool:
         return every > 0 and step % every == 0
@@ -565,13 +561,13 @@ class Recorder:
             return
         norms_due = self._due(cfg.grad_norm_every, acc.step)
         stats_due = self._due(cfg.tensor_stats_every, acc.step)
-        grads, names = self._grads() if norms_due or stats_due else ([], ())
+        grads, layout = self._grads() if norms_due or stats_due else ([], None)
         if grads:
             if norms_due:
-                acc.add(Piece("grad_norms", len(grads), names), self._grad_norms(grads))
+                acc.add(*self._grad_norms(grads, layout))
             if stats_due:
-                acc.add(Piece("grad", len(grads) * 8, names, tuple(g.numel() for g in grads)),
-                        self._full(grads))
+                acc.add(Piece("grad", len(grads) * 8, layout.dense_names,
+                              tuple(g.numel() for g in grads)), self._full(grads))
         if self._due(cfg.param_stats_every, acc.step) and self._named_params:
             ps = [p.detach() for _, p in self._named_params]
             acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self._named_params),
@@ -755,6 +751,27 @@ class Recorder:
                 write_json_atomic(self.run_dir / "run.json", self._meta)
         except Exception as exc:
             self._count_error("run.json", exc)
+
+
+class _GradLayout:
+    """What is known about one set of gradient names, worked out once (per-tensor checks
+    are a Python loop: never per step). ``piece`` labels norms in parameter order (the
+    checked path); ``plan_piece`` labels the plan's output order, and its ``seqs`` give each
+    value's parameter position, so the writer can still name the first parameter (in
+    parameter order) whose gradient went nonfinite."""
+
+    def __init__(self, names: tuple[str, ...], grads: list[torch.Tensor]) -> None:
+        self.names = names  # the same tuple object every step: rows.Codes maps it once
+        dense = [not g.is_sparse for g in grads]
+        self.all_dense = all(dense)
+        self.dense_names = names if self.all_dense else tuple(
+            n for n, d in zip(names, dense, strict=True) if d)
+        grads = [g for g, d in zip(grads, dense, strict=True) if d]
+        self.piece = Piece("grad_norms", len(grads), self.dense_names)
+        self.plan = NormPlan(grads) if stats.uniform(grads) else None
+        order = self.plan.order if self.plan is not None else None
+        self.plan_piece = self.piece if order is None else Piece(
+            "grad_norms", len(grads), tuple(self.dense_names[i] for i in order), seqs=order)
 
 
 def _inert_after_fork(ref: weakref.ref[Recorder]) -> None:

@@ -85,6 +85,7 @@ def _rows(run: Sequence[StepItem]) -> _Out:
     tmetrics: dict[str, np.ndarray] = {}
     norms: np.ndarray | None = None
     norm_names: tuple[str, ...] = ()
+    norm_pos: tuple[int, ...] = ()  # parameter position of each norm (empty: in order)
     full_grads = False
     off = 0
     for j, p in enumerate(first.pieces):
@@ -100,7 +101,7 @@ def _rows(run: Sequence[StepItem]) -> _Out:
         elif label == "metric":
             tmetrics[p.metric or "?"] = block[:, 0]
         elif label == "grad_norms":
-            norms, norm_names = block.astype(np.float64), p.names
+            norms, norm_names, norm_pos = block.astype(np.float64), p.names, p.seqs
         elif label == "act_nf":
             bad = ~np.isfinite(block)
             for r in np.flatnonzero(bad.any(axis=1)):
@@ -145,7 +146,7 @@ def _rows(run: Sequence[StepItem]) -> _Out:
                 "step": np.repeat(steps, k), "name": Codes(norm_names, _tiled(k, n)),
                 "kind": Codes(("grad",), np.zeros(n * k, np.int32)), "norm": norms.ravel()}))
         for r in np.flatnonzero(nonfinite):
-            name = norm_names[int(np.argmax(bad[r]))]
+            name = norm_names[_first_bad(bad[r], norm_pos)]
             _report_nonfinite(out, run[r], "gradient", name, f"gradient of {name} holds "
                               f"NaN/Inf ({int(nonfinite[r])} gradient tensor(s))")
         if any(it.scaler for it in run):
@@ -163,6 +164,15 @@ def _rows(run: Sequence[StepItem]) -> _Out:
     _metric_rows(out, run, steps, tmetrics)
     _memory_rows(out, [it for it in run if it.memory and it.probe is not None])
     return out
+
+
+def _first_bad(bad: np.ndarray, pos: tuple[int, ...]) -> int:
+    """Index of the first flagged value in parameter order (``pos``: each value's parameter
+    position when the values come in another order; empty when they are in order)."""
+    if not pos:
+        return int(np.argmax(bad))
+    idx = np.flatnonzero(bad)
+    return int(idx[np.argmin(np.asarray(pos)[idx])])
 
 
 def _memory_rows(out: _Out, mem: list[StepItem]) -> None:

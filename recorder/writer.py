@@ -244,15 +244,18 @@ class Writer:
         # on a queue mutex the interrupted training thread was holding.)
         self.queue: collections.deque[Any] = collections.deque()
         self.queue_size = queue_size
-        # When to wake. Each wake-up costs CPU that a small machine takes from training
-        # (~0.12 ms in a VM), and what the writer finds queued becomes rows in one batch,
-        # so it should wake rarely; but items waiting long pin memory the training loop's
-        # allocator then cannot give back (RSS crept up ~40 MB over 250 fast steps when
-        # items waited 0.5 s). So: submit() wakes the writer once every `wake_every` items,
-        # and a timeout covers slow steps, events and the flush schedule (the flush
-        # interval is a promise — what a kill -9 can lose — so at least twice per interval).
-        self.wake_every = 8
-        self.max_wait_s = min(0.5, flush_interval_s / 2)
+        # When to wake. Each wake-up costs CPU that a small machine takes from training:
+        # the writer's Python runs cold after a training step (~0.4 ms a wake-up in a
+        # 2-core VM, whatever it finds queued), and what it finds becomes rows in one
+        # vectorised batch, so it should wake rarely. But items must not wait long in
+        # numbers: each holds a few small tensors, and many of them alive between the
+        # training loop's big allocations pinned ~40 MB of allocator memory over 250 fast
+        # steps when nothing but a 0.5 s timeout woke the writer. So: submit() wakes it once
+        # every `wake_every` items (at most that many wait), and a timeout covers slow steps,
+        # events and the flush schedule (the flush interval is a promise — what a kill -9
+        # can lose — so at least four wake-ups per interval).
+        self.wake_every = 64
+        self.max_wait_s = min(2.0, flush_interval_s / 4)
         self._wake = _Wakeup()
         self._stopping = threading.Event()
         self.buffers = {name: TableBuffer(name) for name in TABLES}

@@ -883,3 +883,36 @@ def test_eval_forwards_without_grad_are_not_recorded_as_training(run_dir: Path,
         train(rec, model, opt, batches(2))
     assert events(run_dir, "nonfinite") == []
     assert sorted(steps_by_number(run_dir)) == list(range(4))
+
+
+def test_planned_grad_norms_keep_names_and_parameter_order(run_dir: Path) -> None:
+    # Small same-shape gradients are stacked on the CPU, so the plan's values come large
+    # first: each norm must still be stored under its own parameter's name, and the event
+    # must name the first parameter in *parameter* order whose gradient went nonfinite.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 5000), nn.Linear(5000, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    names = [n for n, _ in model.named_parameters()]
+    x = torch.randn(3, 4)
+    expected: dict[int, dict[str, float]] = {}
+    with Recorder(run_dir, model=model, optimizer=opt, tensor_stats_every=0, **FAST) as rec:
+        for step in range(2):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            if step == 1:  # a large weight late in the model and an early small bias go bad
+                model[2].weight.grad[0, 0] = math.nan
+                model[0].bias.grad[0] = math.inf
+            expected[step] = {n: float(p.grad.norm()) for n, p in model.named_parameters()}
+            opt.step()
+            rec.step(loss=1.0)
+        plan = rec._grad_layout.plan
+        # The case this test is about: values out of parameter order.
+        assert plan is not None and plan.order is not None
+        assert list(plan.order) != list(range(len(names)))
+    got = {(r["step"], r["name"]): r["norm"] for r in stats_rows(run_dir, "grad")}
+    assert set(got) == {(s, n) for s in (0, 1) for n in names}
+    for (s, n), v in got.items():
+        ref = expected[s][n]
+        assert (math.isclose(v, ref, rel_tol=1e-5) if math.isfinite(ref)
+                else not math.isfinite(v)), (s, n, v, ref)
+    assert [(e["step"], e["subject"]) for e in events(run_dir, "nonfinite")] == [(1, "0.bias")]

@@ -156,8 +156,8 @@ _plan_sizes = st.sampled_from([1, 3, 128, SMALL_NUMEL, SMALL_NUMEL + 1, 3 * SMAL
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=st.lists(st.tuples(_plan_sizes, _plan_dtypes), min_size=1, max_size=12),
        seed=st.integers(0, 2**16), special=st.sampled_from([None, math.nan, math.inf]))
-def test_norm_plan_matches_numpy_in_input_order(layout: list[tuple[int, torch.dtype]],
-                                                seed: int, special: float | None) -> None:
+def test_norm_plan_matches_numpy_in_plan_order(layout: list[tuple[int, torch.dtype]],
+                                               seed: int, special: float | None) -> None:
     # The every-step path: one plan per layout, reused on fresh values of the same layout.
     g = torch.Generator().manual_seed(seed)
     make = lambda: [(torch.randn(n, generator=g) * (i + 1)).to(dt)  # noqa: E731
@@ -170,7 +170,9 @@ def test_norm_plan_matches_numpy_in_input_order(layout: list[tuple[int, torch.dt
             ts[seed % len(ts)].view(-1)[0] = special
         got = plan(ts).numpy()
         assert got.shape == (len(ts),) and got.dtype == np.float32
-        for g_, t in zip(got, ts, strict=True):
+        order = plan.order if plan.order is not None else range(len(ts))
+        assert sorted(order) == list(range(len(ts)))  # each input exactly once
+        for g_, t in zip(got, [ts[i] for i in order], strict=True):
             ref = reference(t)[NORM]
             if np.isnan(ref):
                 assert np.isnan(g_), (t, g_)
