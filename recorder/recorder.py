@@ -123,7 +123,7 @@ class Recorder:
                 max_windows=self.config.profile_max_windows,
                 trace_dir=self.run_dir / "traces" / f"rank={self.rank}",
                 cuda=self._device is not None and self._device.type == "cuda",
-                submit=lambda item: self._writer.submit(item, "traces"))
+                submit=lambda item: self._writer.submit(item, "traces", wake=True))
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(True)
         self._install_process_hooks()
@@ -511,21 +511,34 @@ class Recorder:
             else:  # a copy: scaler.update() changes _scale in place before the commit
                 acc.add(Piece("loss_scale", 1), scale.detach().reshape(1).float().clone())
 
+    # The optimizer hooks run right after backward and right after the optimizer step, when
+    # the interpreter's caches are cold: each Python call there costs several times what it
+    # does in a loop. So each hook is one guarded call that checks what is due first.
     def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():  # a compiled optimizer step: telemetry must not break the graph
             return
-        self._guard("optimizer_hook", self._capture_from_hook)
-        self._guard("optimizer_hook", self._snapshot_params)
+        try:
+            self._capture_from_hook()
+            if self.config.update_ratio_every:
+                self._snapshot_params()
+        except Exception as exc:
+            self._count_error("optimizer_hook", exc)
 
     def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():
             return
-        self._guard("optimizer_hook", self._update_ratio)
-        with self._lock:
-            if (self._pending is not None and self._pending.grads_captured
-                    and not self._pending.await_last):
-                pending, self._pending = self._pending, None
-                self._guard("optimizer_hook", self._commit, pending)
+        try:
+            if self._update_snapshot is not None:
+                self._guard("optimizer_hook", self._update_ratio)
+            pending = self._pending
+            if pending is None or not pending.grads_captured or pending.await_last:
+                return  # rec.step() came after opt.step() (the usual order): it commits
+            with self._lock:
+                if self._pending is pending:
+                    self._pending = None
+                    self._commit(pending)
+        except Exception as exc:
+            self._count_error("optimizer_hook", exc)
 
     def _grads(self) -> tuple[list[torch.Tensor], _GradLayout]:
         # One pass over the parameters collecting .grad references (a host-side attribute
@@ -574,8 +587,7 @@ class Recorder:
                           tuple(p.numel() for p in ps)), self._full(ps))
 
     def _snapshot_params(self) -> None:
-        every = self.config.update_ratio_every
-        if every and self._due(every, self._hook_target().step):
+        if self._due(self.config.update_ratio_every, self._hook_target().step):
             # A copy of the trainable parameters (debug cadence only): the update is
             # new - old after the optimizer step.
             params = [p.detach() for _, p in self._named_params if p.requires_grad]
@@ -635,7 +647,8 @@ class Recorder:
     def _commit(self, acc: StepAccum) -> None:
         # Per-module NaN probes and activation statistics, in forward-completion order: one
         # piece each (one stack/cat here instead of a piece per module to split back out).
-        self._probe_outputs(acc)  # a forward whose model call did not return (or a submodule)
+        if acc.to_probe:  # a forward whose model call did not return (or a submodule)
+            self._probe_outputs(acc)
         if acc.probes:
             blocks = acc.probes
             if len(blocks) == 1:  # one forward pass

@@ -280,8 +280,11 @@ class Writer:
         self._thread.start()
 
     # ------------------------------------------------------------------ training thread
-    def submit(self, item: Callable[[Writer], None], table: str = "steps") -> bool:
-        """Hand an item to the writer thread; never blocks. False (and counted) if dropped."""
+    def submit(self, item: Callable[[Writer], None], table: str = "steps", *,
+               wake: bool = False) -> bool:
+        """Hand an item to the writer thread; never blocks. False (and counted) if dropped.
+        ``wake``: start on it now (a one-off job, such as compressing a profiler trace,
+        that should not wait for the next batch of steps)."""
         if self._closed:
             return False
         q = self.queue
@@ -289,7 +292,7 @@ class Writer:
             self.dropped[table] += 1
             return False
         q.append(item)
-        if len(q) == self.wake_every:
+        if wake or len(q) == self.wake_every:
             self._wake.set()
         return True
 

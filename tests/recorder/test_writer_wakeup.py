@@ -17,12 +17,19 @@ def wait_for(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
+def _sleep_until_woken(w: Writer) -> None:
+    """From now on only a submit (or close) can wake the writer: its timeout is an hour, and
+    the wait it started with the default timeout is ended by one empty wake-up."""
+    w.max_wait_s = 3600.0
+    w._wake.set()
+    time.sleep(0.2)
+
+
 def test_submit_wakes_the_writer_every_wake_every_items(tmp_path: Path) -> None:
     w = Writer(tmp_path, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=100,
                max_buffered_rows=10**9)
     try:
-        w.max_wait_s = 3600.0  # from the next wait on, only a submit can wake it
-        time.sleep(0.8)  # past the first (0.5 s) wait
+        _sleep_until_woken(w)
         seen: list[int] = []
         for i in range(w.wake_every - 1):
             assert w.submit(lambda _w, i=i: seen.append(i))
@@ -39,10 +46,26 @@ def test_submit_wakes_the_writer_every_wake_every_items(tmp_path: Path) -> None:
 def test_close_wakes_a_sleeping_writer_and_flushes(tmp_path: Path) -> None:
     w = Writer(tmp_path, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=100,
                max_buffered_rows=10**9)
-    w.max_wait_s = 3600.0
-    time.sleep(0.8)
+    _sleep_until_woken(w)
     w.submit(lambda wr: wr.event("x", "one item, below wake_every"))
     t0 = time.monotonic()
     w.close()
     assert time.monotonic() - t0 < 5 and not w.alive
     assert list((tmp_path / "events" / "rank=0").glob("part-*.parquet"))
+
+
+def test_a_one_off_job_wakes_the_writer_at_once(tmp_path: Path) -> None:
+    # A profiler trace to compress should not wait behind the next batch of steps.
+    w = Writer(tmp_path, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=100,
+               max_buffered_rows=10**9)
+    try:
+        _sleep_until_woken(w)
+        seen: list[str] = []
+        assert w.submit(lambda _w: seen.append("step"))
+        time.sleep(0.3)
+        assert seen == []  # one step: still asleep
+        assert w.submit(lambda _w: seen.append("trace"), "traces", wake=True)
+        assert wait_for(lambda: len(seen) == 2), seen
+        assert seen == ["step", "trace"]
+    finally:
+        w.close()
