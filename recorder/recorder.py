@@ -18,6 +18,7 @@ import traceback
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ class Recorder:
         self._prepare_run_dir(resume)
         self._named_params = (list(self.model.named_parameters())
                               if self.model is not None else [])
+        self._params = [p for _, p in self._named_params]
         self._grad_layout: _GradLayout | None = None
         self._device = self._pick_device()
         self._full = FullStats(self.config.stats_chunk_elems)
@@ -542,16 +544,16 @@ class Recorder:
 
     def _grads(self) -> tuple[list[torch.Tensor], _GradLayout]:
         # One pass over the parameters collecting .grad references (a host-side attribute
-        # read each, no device work). Frozen parameters have none; sparse gradients are
-        # skipped (checked only when the set of names changes).
-        pairs = [(n, g) for n, p in self._named_params if (g := p.grad) is not None]
-        names = tuple(n for n, _ in pairs)
+        # read each, no device work). Which parameters have one (frozen ones have none) is
+        # compared as a list of flags; everything else about that set is worked out once.
+        grads = [p.grad for p in self._params]
+        present = [g is not None for g in grads]
         layout = self._grad_layout
-        if layout is None or layout.names != names:
-            self._grad_layout = layout = _GradLayout(names, [g for _, g in pairs])
-        if layout.all_dense:
-            return [g for _, g in pairs], layout
-        return [g for _, g in pairs if not g.is_sparse], layout
+        if layout is None or layout.present != present:
+            self._grad_layout = layout = _GradLayout(self._named_params, grads, present)
+        if layout.select is not None:  # frozen parameters, sparse gradients
+            grads = list(compress(grads, layout.select))
+        return grads, layout
 
     def _grad_norms(self, grads: list[torch.Tensor], layout: _GradLayout) -> Piece | None:
         """This step's per-parameter gradient norms as a piece and its device vector: the
@@ -579,7 +581,7 @@ class Recorder:
             if norms_due:
                 acc.add(*self._grad_norms(grads, layout))
             if stats_due:
-                acc.add(Piece("grad", len(grads) * 8, layout.dense_names,
+                acc.add(Piece("grad", len(grads) * 8, layout.names,
                               tuple(g.numel() for g in grads)), self._full(grads))
         if self._due(cfg.param_stats_every, acc.step) and self._named_params:
             ps = [p.detach() for _, p in self._named_params]
@@ -767,24 +769,25 @@ class Recorder:
 
 
 class _GradLayout:
-    """What is known about one set of gradient names, worked out once (per-tensor checks
-    are a Python loop: never per step). ``piece`` labels norms in parameter order (the
-    checked path); ``plan_piece`` labels the plan's output order, and its ``seqs`` give each
-    value's parameter position, so the writer can still name the first parameter (in
-    parameter order) whose gradient went nonfinite."""
+    """What is known about one set of parameters with gradients, worked out once (per-tensor
+    checks are a Python loop: never per step). Sparse gradients are left out. ``piece``
+    labels norms in parameter order (the checked path); ``plan_piece`` labels the plan's
+    output order, and its ``seqs`` give each value's parameter position, so the writer can
+    still name the first parameter (in parameter order) whose gradient went nonfinite."""
 
-    def __init__(self, names: tuple[str, ...], grads: list[torch.Tensor]) -> None:
-        self.names = names  # the same tuple object every step: rows.Codes maps it once
-        dense = [not g.is_sparse for g in grads]
-        self.all_dense = all(dense)
-        self.dense_names = names if self.all_dense else tuple(
-            n for n, d in zip(names, dense, strict=True) if d)
-        grads = [g for g, d in zip(grads, dense, strict=True) if d]
-        self.piece = Piece("grad_norms", len(grads), self.dense_names)
+    def __init__(self, named: list[tuple[str, nn.Parameter]], grads: list[Any],
+                 present: list[bool]) -> None:
+        self.present = present
+        keep = [ok and not g.is_sparse for g, ok in zip(grads, present, strict=True)]
+        self.select = None if all(keep) else keep
+        # The same tuple object every step: rows.Codes maps it to codes once.
+        self.names = tuple(compress((n for n, _ in named), keep))
+        grads = list(compress(grads, keep))
+        self.piece = Piece("grad_norms", len(grads), self.names)
         self.plan = NormPlan(grads) if stats.uniform(grads) else None
         order = self.plan.order if self.plan is not None else None
         self.plan_piece = self.piece if order is None else Piece(
-            "grad_norms", len(grads), tuple(self.dense_names[i] for i in order), seqs=order)
+            "grad_norms", len(grads), tuple(self.names[i] for i in order), seqs=order)
 
 
 def _inert_after_fork(ref: weakref.ref[Recorder]) -> None:

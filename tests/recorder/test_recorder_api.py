@@ -916,3 +916,35 @@ def test_planned_grad_norms_keep_names_and_parameter_order(run_dir: Path) -> Non
         assert (math.isclose(v, ref, rel_tol=1e-5) if math.isfinite(ref)
                 else not math.isfinite(v)), (s, n, v, ref)
     assert [(e["step"], e["subject"]) for e in events(run_dir, "nonfinite")] == [(1, "0.bias")]
+
+
+def test_sparse_and_missing_gradients_are_left_out_of_gradient_rows(run_dir: Path) -> None:
+    # A sparse embedding gradient is skipped (norms are for dense gradients), a frozen
+    # layer has none; the set of parameters with gradients changes mid-run (a layer is
+    # unfrozen) and is planned again.
+    torch.manual_seed(0)
+    emb, head, frozen = nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2), nn.Linear(4, 2)
+    frozen.requires_grad_(False)
+    model = nn.ModuleDict({"emb": emb, "head": head, "frozen": frozen})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    idx = torch.tensor([1, 2, 3])
+    with Recorder(run_dir, model=model, optimizer=opt, **FAST) as rec:
+        for step in range(4):
+            if step == 2:
+                frozen.requires_grad_(True)
+            opt.zero_grad()
+            h = emb(idx)
+            (head(h).square().mean() + frozen(h).square().mean()).backward()
+            opt.step()
+            rec.step(loss=1.0)
+        assert rec.errors == 0
+    grad_rows = stats_rows(run_dir, "grad")
+    by_step: dict[int, set[str]] = {}
+    for r in grad_rows:
+        by_step.setdefault(r["step"], set()).add(r["name"])
+    assert by_step == {0: {"head.weight", "head.bias"}, 1: {"head.weight", "head.bias"},
+                       2: {"head.weight", "head.bias", "frozen.weight", "frozen.bias"},
+                       3: {"head.weight", "head.bias", "frozen.weight", "frozen.bias"}}
+    steps = steps_by_number(run_dir)
+    assert all(steps[s]["nonfinite_grads"] == 0 and steps[s]["grad_norm"] > 0
+               for s in range(4))
