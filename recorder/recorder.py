@@ -555,7 +555,8 @@ class Recorder:
             grads = list(compress(grads, layout.select))
         return grads, layout
 
-    def _grad_norms(self, grads: list[torch.Tensor], layout: _GradLayout) -> Piece | None:
+    def _grad_norms(self, grads: list[torch.Tensor], layout: _GradLayout
+                    ) -> tuple[Piece, torch.Tensor]:
         """This step's per-parameter gradient norms as a piece and its device vector: the
         layout's cached plan when it was found uniform (one device, fp16/bf16/fp32), else the
         checked path. Values come in the plan's order, labelled by the cached names."""

@@ -12,6 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from .schema import SCHEMA_VERSION
 
 try:  # the distribution's version, when installed
@@ -22,12 +24,18 @@ except Exception:  # pragma: no cover - running from a source tree
     TRACEALYZE_VERSION = "0+unknown"
 
 
+_JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON to a temporary name and rename, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, default=str)
+    # orjson: written at every flush from the writer thread, where the standard library's
+    # indented (pure-Python) encoder took ~1 ms of CPU per file.
+    text = orjson.dumps(data, option=_JSON_OPTIONS, default=str)
+    with open(tmp, "wb") as fh:
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -35,6 +35,9 @@ from .schema import TABLES
 
 PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
 
+# A flush this close to due is done now rather than after one more (tiny) sleep.
+_FLUSH_SLACK_S = 0.01
+
 # Columns whose float values compress far better split into byte streams before zstd.
 _FLOAT_TYPES = (pa.float32(), pa.float64())
 
@@ -247,15 +250,14 @@ class Writer:
         # When to wake. Each wake-up costs CPU that a small machine takes from training:
         # the writer's Python runs cold after a training step (~0.4 ms a wake-up in a
         # 2-core VM, whatever it finds queued), and what it finds becomes rows in one
-        # vectorised batch, so it should wake rarely. But items must not wait long in
-        # numbers: each holds a few small tensors, and many of them alive between the
-        # training loop's big allocations pinned ~40 MB of allocator memory over 250 fast
-        # steps when nothing but a 0.5 s timeout woke the writer. So: submit() wakes it once
-        # every `wake_every` items (at most that many wait), and a timeout covers slow steps,
-        # events and the flush schedule (the flush interval is a promise — what a kill -9
-        # can lose — so at least four wake-ups per interval).
+        # vectorised batch, so it should wake rarely. But items must not wait in numbers:
+        # each holds a few small tensors, and many of them alive between the training
+        # loop's big allocations pinned ~40 MB of allocator memory over 250 fast steps when
+        # nothing but a 0.5 s timeout woke the writer. So: submit() wakes it once every
+        # `wake_every` items (at most that many wait), and otherwise it sleeps until the
+        # next flush is due (the flush interval is a promise: what a kill -9 can lose).
         self.wake_every = 64
-        self.max_wait_s = min(2.0, flush_interval_s / 4)
+        self.max_wait_s = flush_interval_s
         self._wake = _Wakeup()
         self._stopping = threading.Event()
         self.buffers = {name: TableBuffer(name) for name in TABLES}
@@ -348,13 +350,15 @@ class Writer:
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self.max_wait_s)
+            # Sleep until woken (wake_every items, a one-off job, close) or until the next
+            # flush is due, whichever comes first.
+            until_flush = self._last_flush + self.flush_interval_s - time.monotonic()
+            self._wake.wait(max(0.0, min(self.max_wait_s, until_flush)))
             stopping = self._stopping.is_set()
             try:
                 self._drain()
-                # Due if the next wake-up would come after the flush interval has passed.
                 due = (time.monotonic() - self._last_flush
-                       >= self.flush_interval_s - self.max_wait_s)
+                       >= self.flush_interval_s - _FLUSH_SLACK_S)
                 if stopping or due or any(b.rows >= self.flush_rows
                                           for b in self.buffers.values()):
                     self.flush()

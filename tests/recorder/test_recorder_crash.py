@@ -224,7 +224,7 @@ def test_resume_after_kill_between_merge_and_deletes(tmp_path: Path) -> None:
                 loss.backward()
                 opt.step()
                 rec.step(loss=loss)
-                time.sleep(0.02)
+                time.sleep(0.12)  # past the flush interval: one part per step
 
     session(3, merge_on_close=False)
     backup = tmp_path / "singles"
