@@ -257,7 +257,6 @@ class Writer:
         # `wake_every` items (at most that many wait), and otherwise it sleeps until the
         # next flush is due (the flush interval is a promise: what a kill -9 can lose).
         self.wake_every = 64
-        self.max_wait_s = flush_interval_s
         self._wake = _Wakeup()
         self._stopping = threading.Event()
         self.buffers = {name: TableBuffer(name) for name in TABLES}
@@ -353,7 +352,7 @@ class Writer:
             # Sleep until woken (wake_every items, a one-off job, close) or until the next
             # flush is due, whichever comes first.
             until_flush = self._last_flush + self.flush_interval_s - time.monotonic()
-            self._wake.wait(max(0.0, min(self.max_wait_s, until_flush)))
+            self._wake.wait(max(0.0, until_flush))
             stopping = self._stopping.is_set()
             try:
                 self._drain()

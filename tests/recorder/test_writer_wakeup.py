@@ -1,4 +1,5 @@
-"""The writer thread sleeps until submit() has queued `wake_every` items (or its timeout)."""
+"""The writer thread sleeps until submit() has queued `wake_every` items, a one-off job
+wakes it, or its next flush is due."""
 
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ def wait_for(cond, timeout: float = 10.0) -> bool:
 
 
 def _sleep_until_woken(w: Writer) -> None:
-    """From now on only a submit (or close) can wake the writer: its timeout is an hour, and
-    the wait it started with the default timeout is ended by one empty wake-up."""
-    w.max_wait_s = 3600.0
-    w._wake.set()
+    """Let the writer thread start its wait: with an hour's flush interval, from now on only
+    a submit (or close) can wake it."""
+    assert w.flush_interval_s >= 3600
     time.sleep(0.2)
 
 
