@@ -18,7 +18,7 @@ the warm-up plus the background CPU spent then: the window's profiling, export a
 
     python benchmarks/overhead.py                       # both workloads, all configs
     python benchmarks/overhead.py --workload mlp --rounds 5 --steps 60
-    python benchmarks/overhead.py --workload mlp --mlp-batch 480   # ~50 ms MLP steps
+    python benchmarks/overhead.py --workload mlp --mlp-batch 720   # ~50 ms steps (2026-11-23)
 """
 
 from __future__ import annotations

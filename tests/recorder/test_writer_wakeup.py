@@ -18,18 +18,18 @@ def wait_for(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
-def _sleep_until_woken(w: Writer) -> None:
-    """Let the writer thread start its wait: with an hour's flush interval, from now on only
-    a submit (or close) can wake it."""
-    assert w.flush_interval_s >= 3600
+def _sleeping_writer(tmp_path: Path) -> Writer:
+    """A writer whose thread has started its wait: with an hour's flush interval, from now on
+    only a submit (or close) can wake it."""
+    w = Writer(tmp_path, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=100,
+               max_buffered_rows=10**9)
     time.sleep(0.2)
+    return w
 
 
 def test_submit_wakes_the_writer_every_wake_every_items(tmp_path: Path) -> None:
-    w = Writer(tmp_path, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=100,
-               max_buffered_rows=10**9)
+    w = _sleeping_writer(tmp_path)
     try:
-        _sleep_until_woken(w)
         seen: list[int] = []
         for i in range(w.wake_every - 1):
             assert w.submit(lambda _w, i=i: seen.append(i))
@@ -44,9 +44,7 @@ def test_submit_wakes_the_writer_every_wake_every_items(tmp_path: Path) -> None:
 
 
 def test_close_wakes_a_sleeping_writer_and_flushes(tmp_path: Path) -> None:
-    w = Writer(tmp_path, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=100,
-               max_buffered_rows=10**9)
-    _sleep_until_woken(w)
+    w = _sleeping_writer(tmp_path)
     w.submit(lambda wr: wr.event("x", "one item, below wake_every"))
     t0 = time.monotonic()
     w.close()
@@ -56,10 +54,8 @@ def test_close_wakes_a_sleeping_writer_and_flushes(tmp_path: Path) -> None:
 
 def test_a_one_off_job_wakes_the_writer_at_once(tmp_path: Path) -> None:
     # A profiler trace to compress should not wait behind the next batch of steps.
-    w = Writer(tmp_path, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=100,
-               max_buffered_rows=10**9)
+    w = _sleeping_writer(tmp_path)
     try:
-        _sleep_until_woken(w)
         seen: list[str] = []
         assert w.submit(lambda _w: seen.append("step"))
         time.sleep(0.3)
