@@ -10,26 +10,23 @@ into the run directory.
 
 from __future__ import annotations
 
-import json
-import math
-import re
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from tracealyze.format.parts import (
+    RANK_FILE_RE,
+    is_real_dir,
+    is_regular,
+    rank_of,
+    table_parts,
+)
+from tracealyze.format.runmeta import Liveness, MetaError, load_json
+
 from .errors import QueryError, RunDirError, SchemaVersionError
 from .schema import DUCKDB_TYPES, SCHEMA_VERSION, TABLE_NAMES, TABLES
-
-_SINGLE = re.compile(r"^part-(\d+)\.parquet$")
-_MERGED = re.compile(r"^part-(\d+)-(\d+)\.parquet$")
-_RANK_DIR = re.compile(r"^rank=(\d+)$")
-_RANK_FILE = re.compile(r"^rank=(\d+)\.json$")
-
-STALE_FLUSHES: float = 6.0
-"""A running run is presumed killed after this many missed flush intervals ..."""
-STALE_MIN_S: float = 300.0
-"""... and never sooner than this (clock skew, long first steps)."""
 
 # Statements a user's `query` may run: reads only (a COPY ... TO could write into the run).
 _READ_STATEMENTS = {"SELECT", "EXPLAIN"}
@@ -57,12 +54,9 @@ def _sql_str(s: str) -> str:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise RunDirError(f"cannot read {path}: {e}") from e
-    if not isinstance(data, dict):
-        raise RunDirError(f"{path} does not hold a JSON object")
-    return data
+        return load_json(path)
+    except MetaError as e:
+        raise RunDirError(str(e)) from None
 
 
 class Run:
@@ -86,62 +80,43 @@ class Run:
         return str(self.meta.get("run_id", ""))
 
     @property
+    def liveness(self) -> Liveness:
+        """The format's rule (``tracealyze.format.runmeta``): running, finished or killed."""
+        return Liveness(self.meta, self.rank_meta, self._now)
+
+    @property
     def status(self) -> str:
         """completed | crashed | running (FORMAT.md: crashed if any rank crashed, else running
         if any rank runs, else completed). A killed run stays ``running``: see :attr:`killed`."""
-        statuses = [str(m.get("status", "")) for m in self.rank_meta.values()]
-        if not statuses:
-            return str(self.meta.get("status", "running"))
-        if "crashed" in statuses:
-            return "crashed"
-        if "running" in statuses:
-            return "running"
-        return "completed"
+        return self.liveness.status
 
     @property
     def stale_after_s(self) -> float:
         """Heartbeat age beyond which a ``running`` rank is presumed killed."""
-        try:
-            interval = float(self.meta.get("flush_interval_s") or 10.0)
-        except (TypeError, ValueError):
-            interval = 10.0
-        return max(STALE_FLUSHES * interval, STALE_MIN_S)
+        return self.liveness.stale_after_s
 
     def heartbeat(self, rank: int | None = None) -> float | None:
         """Last heartbeat (epoch s) of ``rank`` (or the newest of all), None if unknown."""
-        sources = [self.rank_meta[rank]] if rank is not None and rank in self.rank_meta else (
-            list(self.rank_meta.values()) or [self.meta])
-        beats = [b for b in (_as_float(m.get("heartbeat")) for m in sources) if b is not None]
-        if not beats and rank is None:
-            beats = [b for b in [_as_float(self.meta.get("heartbeat"))] if b is not None]
-        return max(beats) if beats else None
+        return self.liveness.heartbeat(rank)
 
     def heartbeat_age_s(self, rank: int | None = None) -> float | None:
         """Seconds since the last heartbeat (of ``rank`` or the newest), None if unknown."""
-        hb = self.heartbeat(rank)
-        return None if hb is None else max(0.0, self._now - hb)
+        return self.liveness.age_s(rank)
 
     def stale_ranks(self, max_age_s: float | None = None) -> list[int]:
-        """Ranks still marked running whose heartbeat is older than ``max_age_s``."""
-        limit = self.stale_after_s if max_age_s is None else max_age_s
-        out = []
-        if not self.rank_meta:
-            age = self.heartbeat_age_s()
-            if self.meta.get("status") == "running" and age is not None and age > limit:
-                return list(self.ranks[:1] or [0])
-            return []
-        for r, m in sorted(self.rank_meta.items()):
-            if m.get("status") != "running":
-                continue
-            age = self.heartbeat_age_s(r)
-            if age is not None and age > limit:
-                out.append(r)
-        return out
+        """Ranks still marked running whose heartbeat is older than ``max_age_s`` (default
+        :attr:`stale_after_s`)."""
+        return self.liveness.stale_ranks(max_age_s)
 
     @property
     def killed(self) -> bool:
         """Status ``running`` but a running rank's heartbeat is stale: killed without a word."""
-        return self.status == "running" and bool(self.stale_ranks())
+        return self.liveness.killed
+
+    @property
+    def in_progress(self) -> bool:
+        """Status ``running`` and every running rank's heartbeat is fresh."""
+        return self.liveness.in_progress
 
     # ------------------------------------------------------------------ data
 
@@ -181,12 +156,8 @@ class Run:
 
     def table_ranks(self, table: str) -> list[int]:
         """Ranks that have readable parts of ``table`` (from the file layout: no scan)."""
-        out = set()
-        for f in self.files.get(table, []):
-            m = _RANK_DIR.match(f.parent.name)
-            if m:
-                out.add(int(m.group(1)))
-        return sorted(out)
+        out = {rank_of(f.parent.name) for f in self.files.get(table, [])}
+        return sorted(r for r in out if r is not None)
 
     def row_count(self, table: str) -> int:
         (n,) = self.con.execute(f"SELECT count(*) FROM {table}").fetchone()
@@ -207,14 +178,6 @@ class Run:
         return f"Run({str(self.run_dir)!r}, status={self.status!r}, ranks={self.ranks})"
 
 
-def _as_float(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
 def _one_line(e: BaseException) -> str:
     """DuckDB messages span lines (LINE 1: ... ^); keep the informative first line."""
     text = str(e).strip()
@@ -223,38 +186,6 @@ def _one_line(e: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------- discovery
-
-
-def _parts_of(table_dir: Path) -> tuple[dict[int, list[Path]], list[tuple[Path, str]]]:
-    """Data files per rank under ``<table>/``, with merged parts superseding their singles."""
-    per_rank: dict[int, list[Path]] = {}
-    skipped: list[tuple[Path, str]] = []
-    if not table_dir.is_dir():
-        return per_rank, skipped
-    for rank_dir in sorted(table_dir.iterdir()):
-        m = _RANK_DIR.match(rank_dir.name)
-        if not m or not rank_dir.is_dir():
-            continue
-        singles: list[tuple[int, Path]] = []
-        merged: list[tuple[int, int, Path]] = []
-        for f in rank_dir.iterdir():
-            if (s := _SINGLE.match(f.name)) and f.is_file():
-                singles.append((int(s.group(1)), f))
-            elif (mm := _MERGED.match(f.name)) and f.is_file():
-                merged.append((int(mm.group(1)), int(mm.group(2)), f))
-            # anything else (*.tmp, dot-files) is an unfinished write: not data
-        # a merged range inside a larger merged range is superseded too
-        merged.sort(key=lambda x: (x[0], -x[1]))
-        kept_merged: list[tuple[int, int, Path]] = []
-        for a, b, f in merged:
-            if any(a2 <= a and b <= b2 for a2, b2, _ in kept_merged):
-                continue
-            kept_merged.append((a, b, f))
-        files = [f for _, _, f in kept_merged]
-        files += [f for n, f in sorted(singles)
-                  if not any(a <= n <= b for a, b, _ in kept_merged)]
-        per_rank[int(m.group(1))] = files
-    return per_rank, skipped
 
 
 def _validate(files: list[Path], skipped: list[tuple[Path, str]]) -> list[tuple[Path, Any]]:
@@ -274,6 +205,11 @@ def _validate(files: list[Path], skipped: list[tuple[Path, str]]) -> list[tuple[
     return good
 
 
+# The rank of a part is its folder's (``rank=<r>``), whatever a file holds: schema_version 2
+# files have no rank column, version 1 files repeat the folder's.
+_RANK_EXPR = r"CAST(regexp_extract(filename, '[\\/]rank=([0-9]+)[\\/][^\\/]*$', 1) AS INTEGER)"
+
+
 def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
     """SELECT of ``table``'s columns (in schema order, typed) over ``parts``."""
     spec = TABLES[table]
@@ -285,11 +221,14 @@ def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
     for _, schema in parts:
         for field in schema:
             present.setdefault(field.name, set()).add(_arrow_to_logical(field.type))
-            if field.name not in dict(spec) and field.name not in extra:
+            if (field.name not in dict(spec) and field.name not in extra
+                    and field.name != "filename"):
                 extra.append(field.name)
     exprs = []
     for c, t in spec:
-        if c not in present:
+        if c == "rank":
+            exprs.append(f"{_RANK_EXPR} AS rank")
+        elif c not in present:
             exprs.append(f"CAST(NULL AS {DUCKDB_TYPES[t]}) AS {c}")
         elif present[c] == {t}:
             exprs.append(f'"{c}"')  # already the right type: no cast, keeps filter pushdown
@@ -298,7 +237,7 @@ def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
     exprs += [f'"{c}"' for c in extra]
     file_list = ", ".join(_sql_str(str(p)) for p, _ in parts)
     same = len({s.remove_metadata() for _, s in parts}) == 1
-    opts = "hive_partitioning=false" + ("" if same else ", union_by_name=true")
+    opts = "hive_partitioning=false, filename=true" + ("" if same else ", union_by_name=true")
     return f"SELECT {', '.join(exprs)} FROM read_parquet([{file_list}], {opts})"
 
 
@@ -310,25 +249,18 @@ def _load_raw_traces(run: Run) -> Any:
     """
     if not run.raw_traces:
         return None
-    try:
-        from . import traces  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    read_trace = getattr(traces, "read_trace", None)
-    if read_trace is None:
-        return None
     import pyarrow as pa
 
     from .schema import arrow_schema
+    from .traces import read_trace, trace_id_for
 
     have = {r[0] for r in run.con.execute(
         "SELECT DISTINCT trace_id FROM trace_events WHERE trace_id IS NOT NULL").fetchall()}
-    trace_id_of = getattr(traces, "trace_id_for", None)
     target = arrow_schema("trace_events")
     tables = []
     for rank, path in run.raw_traces:
         try:
-            if trace_id_of is not None and trace_id_of(path) in have:
+            if trace_id_for(path) in have:
                 continue
             t = read_trace(path, rank=rank)
         except Exception as e:  # a bad trace must not stop the analysis of everything else
@@ -363,12 +295,14 @@ def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
     if not run_dir.is_dir():
         raise RunDirError(f"not a directory: {run_dir}")
     meta_path = run_dir / "run.json"
-    if not meta_path.is_file():
+    if not is_regular(meta_path):
         raise RunDirError(f"not a run directory (no run.json): {run_dir}")
     meta = _read_json(meta_path)
     version = meta.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise RunDirError(f"{meta_path} has no integer schema_version")
+    if version < 1:
+        raise RunDirError(f"{meta_path} has an invalid schema_version {version}")
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(
             f"run format schema_version {version} is newer than this analyzer understands "
@@ -376,35 +310,42 @@ def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
 
     run = Run(run_dir.resolve(), meta)
     ranks_dir = run_dir / "ranks"
-    if ranks_dir.is_dir():
+    if is_real_dir(ranks_dir):
         for f in sorted(ranks_dir.iterdir()):
-            if (m := _RANK_FILE.match(f.name)) is None:
+            r = rank_of(f.name, RANK_FILE_RE)
+            if r is None or not is_regular(f):
                 continue
             try:
-                run.rank_meta[int(m.group(1))] = _read_json(f)
+                run.rank_meta[r] = _read_json(f)
             except RunDirError as e:  # one torn rank file must not hide the run
                 run.skipped_parts.append((f, str(e)))
 
     ranks: set[int] = set(run.rank_meta)
     valid: dict[str, list[tuple[Path, Any]]] = {}
     for table in TABLE_NAMES:
-        per_rank, skipped = _parts_of(run_dir / table)
+        # Only regular files in real rank folders: a link could pull another run's data in.
+        per_rank = table_parts(run_dir, table)
         ranks.update(per_rank)
         files = [f for r in sorted(per_rank) for f in per_rank[r]]
+        skipped: list[tuple[Path, str]] = []
         valid[table] = _validate(files, skipped)
         run.skipped_parts.extend(skipped)
         run.files[table] = [p for p, _ in valid[table]]
     traces_dir = run_dir / "traces"
-    if traces_dir.is_dir():
-        for rank_dir in sorted(traces_dir.iterdir()):
-            if (m := _RANK_DIR.match(rank_dir.name)) and rank_dir.is_dir():
-                for f in sorted(rank_dir.iterdir()):
-                    if f.is_file() and (f.name.endswith(".json") or f.name.endswith(".json.gz")):
-                        run.raw_traces.append((int(m.group(1)), f))
-                        ranks.add(int(m.group(1)))
+    if is_real_dir(traces_dir):
+        for entry in sorted(os.scandir(traces_dir), key=lambda e: e.name):
+            r = rank_of(entry.name)
+            if r is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            for f in sorted(Path(entry.path).iterdir()):
+                if is_regular(f) and (f.name.endswith(".json") or f.name.endswith(".json.gz")):
+                    run.raw_traces.append((r, f))
+                    ranks.add(r)
     run.ranks = sorted(ranks)
 
-    if not allow_empty and not any(valid.values()) and not run.raw_traces:
+    if (not allow_empty and not any(valid.values()) and not run.raw_traces
+            and run.status != "running"):
+        # (A running or killed run without data yet is opened: the summary says which.)
         detail = f"; {len(run.skipped_parts)} unreadable part(s)" if run.skipped_parts else ""
         raise RunDirError(f"run has no recorded data (no readable part-*.parquet){detail}: "
                           f"{run_dir}")

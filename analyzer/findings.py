@@ -9,6 +9,8 @@ SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
 """Severity order, lowest first (DESIGN.md)."""
 
 FINDING_IDS: tuple[str, ...] = (
+    # The detector registry: each id is reported by the detector module of the same name in
+    # ``analyzer/detectors/`` (loaded in this order), so this tuple is the one list of ids.
     "memory_leak", "gradient_explosion", "vanishing_gradient", "nonfinite", "loss_spike",
     "loss_divergence", "loss_plateau", "dataloader_bottleneck", "step_time_outlier",
     "straggler", "dead_activation", "update_ratio", "cuda_fragmentation", "gpu_idle",

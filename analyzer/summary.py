@@ -1,8 +1,8 @@
 """Run every detector over a run and build the DESIGN.md summary (JSON dict, text).
 
-A detector that raises does not kill the summary: its failure becomes a ``warning`` finding
-under that detector's id, so the user sees the analysis is incomplete (and a CI gate on
-``--fail-on warning`` does not pass a run it could not fully check).
+A detector that raises does not kill the summary: its failure becomes an ``error`` finding
+under that detector's id, so the user sees the analysis is incomplete and a CI gate on
+``--fail-on error`` (or warning) never passes a run it could not fully check.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import Run, open_run
-from .findings import FINDING_IDS, SEVERITIES, Finding, rank_findings, severity_rank
+from .findings import SEVERITIES, Finding, rank_findings, severity_rank
 
 SUMMARY_SCHEMA_VERSION = 1
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -25,7 +25,7 @@ def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
     frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     where = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
     return Finding(
-        id=det_id, severity="warning",
+        id=det_id, severity="error",
         title=f"Detector {det_id} failed; this check was not done",
         message=f"The {det_id} detector {what}: {type(exc).__name__}: {exc}{where}.",
         advice="This is a bug in tracealyze or an unexpected run layout; please report it "
@@ -45,9 +45,7 @@ def analyze(run: Run, overrides: Any = None, *,
     ctx = Context(run=run, thresholds=thresholds)
     findings: list[Finding] = []
     for err in load_errors:
-        # name the failure after the module when it is a finding id (modules are named so)
-        det_id = err.module if err.module in FINDING_IDS else "dropped_data"
-        findings.append(_failure(det_id, "could not be loaded",
+        findings.append(_failure(err.module, "could not be loaded",
                                  RuntimeError(f"{err.module}: {err.error}")))
     for mod in modules:
         th = thresholds[mod.ID]
@@ -86,10 +84,8 @@ def _gpu_time(run: Run) -> list[dict[str, Any]] | None:
     ).fetchone()
     if not n:
         return None
-    try:
-        from .gputime import gpu_time_breakdown  # type: ignore[attr-defined]
-    except ImportError:
-        return None
+    from .gputime import gpu_time_breakdown
+
     return list(gpu_time_breakdown(run.con))
 
 

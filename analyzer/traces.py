@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import time
 import uuid
 import zlib
 from collections.abc import Iterable
@@ -29,8 +28,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tracealyze.format.parts import (
+    MAX_RANK,
+    data_parts,
+    is_real_dir,
+    next_seq_in,
+    part_name,
+    write_json_atomic,
+    write_parquet_atomic,
+)
+from tracealyze.format.runmeta import new_run_meta
 
 from .errors import TraceError
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
 try:  # orjson parses a 15 MB Kineto trace ~4x faster than the standard library
     import orjson
@@ -227,6 +238,9 @@ def _parse(path: Path, rank: int | None) -> tuple[pa.Table, str, int]:
         dist = meta.get("distributedInfo")
         rank = _to_int(dist.get("rank")) if isinstance(dist, dict) else None
         rank = rank if rank is not None else 0
+    if not 0 <= rank <= MAX_RANK:
+        raise TraceError(f"trace {path} has rank {rank}: a rank must be between 0 and "
+                         f"{MAX_RANK}")
     trace_id = _trace_id(path, meta, raw)
 
     cats: list[str | None] = []
@@ -377,59 +391,20 @@ def _assign_steps(
 # --------------------------------------------------------------------------- import-trace
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-_PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
-
-
-def _next_seq(folder: Path) -> int:
-    top = 0
-    if folder.is_dir():
-        for p in folder.iterdir():
-            m = _PART_RE.match(p.name)
-            if m:
-                top = max(top, int(m.group(2) or m.group(1)))
-    return top + 1
-
-
 def _write_part(table: pa.Table, folder: Path) -> Path:
-    """FORMAT.md: temporary name, fsync, rename into the next free part-<seq>.parquet."""
+    """FORMAT.md: temporary name, fsync, rename into the next free part-<seq>.parquet (never
+    over another writer's part). ``rank`` is the folder, not a column (schema_version 2)."""
     folder.mkdir(parents=True, exist_ok=True)
-    seq = _next_seq(folder)
-    tmp = folder / f".part-{seq:06d}.{uuid.uuid4().hex[:8]}.tmp"
-    pq.write_table(table, tmp, compression="zstd", use_dictionary=True)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    while True:
-        final = folder / f"part-{seq:06d}.parquet"
-        try:
-            # link + unlink refuses to overwrite a part another writer just created.
-            os.link(tmp, final)
-        except FileExistsError:
-            seq += 1
-            continue
-        tmp.unlink()
-        break
-    _fsync_dir(folder)
-    return final
+    if "rank" in table.column_names:
+        table = table.drop_columns(["rank"])
+    return write_parquet_atomic(table, folder / part_name(next_seq_in(folder)), replace=False)
 
 
 def _existing_trace_ids(folder: Path) -> set[str]:
     ids: set[str] = set()
     if not folder.is_dir():
         return ids
-    for p in sorted(folder.glob("part-*.parquet")):
+    for p in data_parts(folder):
         try:
             col = pq.read_table(p, columns=["trace_id"]).column("trace_id")
         except Exception:  # an unreadable part is the catalog's business, not ours
@@ -438,36 +413,22 @@ def _existing_trace_ids(folder: Path) -> set[str]:
     return ids
 
 
-def _write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _ensure_run(run_dir: Path, ranks: Iterable[int]) -> None:
-    run_json = run_dir / "run.json"
-    if run_json.exists():
+    if (run_dir / "run.json").exists():
         return
-    now = time.time()
     ranks = sorted(set(ranks))
-    _write_json_atomic(
-        run_json,
-        {
-            "schema_version": 1,
-            "run_id": uuid.uuid4().hex,
-            "started": now,
-            "started_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
-            "ended": now,
-            "status": "completed",
-            "heartbeat": now,
-            "world_size": (max(ranks) + 1) if ranks else 1,
-            "source": "import-trace",
-        },
-    )
+    write_json_atomic(run_dir / "run.json", new_run_meta(
+        preset=None, knobs=None, world_size=(max(ranks) + 1) if ranks else 1,
+        source="import-trace", status="completed"))
+
+
+def _copy_name(path: Path, raw_digest: str) -> str:
+    """File name of the raw trace's copy: the source's file name made safe, with its content
+    digest. Nothing read from the trace itself (its own trace_id) names a file."""
+    stem = _SAFE_NAME.sub("_", _trace_stem(path)).lstrip(".")[:120] or "trace"
+    ext = path.name[len(_trace_stem(path)):]
+    ext = ext if _SAFE_NAME.search(ext) is None else ".json"
+    return (stem if stem.endswith(f"-{raw_digest}") else f"{stem}-{raw_digest}") + ext
 
 
 def import_traces(paths: list[Path], run_dir: Path) -> list[dict[str, Any]]:
@@ -514,9 +475,11 @@ def import_traces(paths: list[Path], run_dir: Path) -> list[dict[str, Any]]:
                 _write_part(table, ev_dir)
             raw_dir = run_dir / "traces" / f"rank={rank}"
             raw_dir.mkdir(parents=True, exist_ok=True)
-            dest = raw_dir / path.name
-            if dest.exists():  # another trace of that name: '<trace_id>.<ext>' (see _trace_id)
-                dest = raw_dir / (trace_id + path.name[len(_trace_stem(path)):])
+            dest = raw_dir / (_SAFE_NAME.sub("_", path.name).lstrip(".") or "trace.json")
+            if dest.exists():  # another trace of that name: '<stem>-<digest>.<ext>'
+                dest = raw_dir / _copy_name(path, hashlib.sha1(_read_bytes(path)).hexdigest()[:12])
+            if dest.parent != raw_dir or not is_real_dir(raw_dir):  # defence in depth
+                raise TraceError(f"refusing to write outside {run_dir}: {dest}")
             tmp = raw_dir / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
             shutil.copyfile(path, tmp)
             os.replace(tmp, dest)

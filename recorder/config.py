@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from typing import Any
 
 PRESETS: tuple[str, ...] = ("minimal", "standard", "debug")
@@ -56,8 +59,11 @@ class RecorderConfig:
     queue_size: int = 2048
     """Items the writer may fall behind by; beyond it data is dropped and counted, never
     blocking training."""
+    max_buffered_bytes: int = 128 << 20
+    """If writes keep failing (disk full, read-only), rows wait in memory for the next try;
+    beyond this many bytes the oldest are dropped and counted (``dropped_data``)."""
     max_buffered_rows: int = 5_000_000
-    """If writes keep failing (disk full), the oldest buffered rows beyond this are dropped."""
+    """The same bound in rows (the older knob; both apply)."""
     merge_on_close: bool = True
     """Merge each table's part files into one at close."""
     stats_chunk_elems: int = 1 << 24
@@ -67,20 +73,15 @@ class RecorderConfig:
     """Close the run (status crashed, data flushed) on SIGTERM, then let the signal proceed."""
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.type in ("int",) and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise ValueError(f"{f.name} must be a non-negative integer, got {v!r}")
-            if f.type in ("float",) and (
-                not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0
-            ):
-                raise ValueError(f"{f.name} must be a non-negative number, got {v!r}")
-            if f.type in ("bool",) and not isinstance(v, bool):
-                raise ValueError(f"{f.name} must be True or False, got {v!r}")
+            _check(f.name, getattr(self, f.name), hints[f.name])
         if self.flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be > 0")
-        if self.queue_size < 1 or self.flush_rows < 1 or self.stats_chunk_elems < 1:
-            raise ValueError("queue_size, flush_rows and stats_chunk_elems must be >= 1")
+        if min(self.queue_size, self.flush_rows, self.stats_chunk_elems,
+               self.max_buffered_bytes, self.max_buffered_rows) < 1:
+            raise ValueError("queue_size, flush_rows, stats_chunk_elems, max_buffered_bytes "
+                             "and max_buffered_rows must be >= 1")
         if self.profile_active < 1 and (self.profile_every or self.profile_start):
             raise ValueError("profile_active must be >= 1 when profiling is on")
         if 0 < self.system_interval_s < 0.05:
@@ -102,6 +103,28 @@ class RecorderConfig:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _check(name: str, value: Any, hint: Any) -> None:
+    """ValueError unless ``value`` fits the field's annotation (``int``, ``float``, ``bool``,
+    ``X | None``): numbers must be finite and non-negative."""
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return
+    if bool in allowed:
+        if isinstance(value, bool):
+            return
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    if int in allowed and isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        return
+    if float in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+        return
+    want = " or ".join("None" if a is type(None) else a.__name__ for a in allowed)
+    raise ValueError(f"{name} must be {want}, got {type(value).__name__} {value!r}")
 
 
 _PRESET_KNOBS: dict[str, dict[str, Any]] = {

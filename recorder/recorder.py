@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tracealyze.format.parts import remove_stale_tmp
 
 from . import stats
 from .capture import Piece, StepAccum, StepItem, event_row, pack
@@ -33,8 +34,9 @@ from .hooks import ActivationHooks, is_compiling, nonfinite_probes, unwrap_model
 from .profiling import ProfilerSchedule
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .sampler import MemoryProbe, SystemSampler
+from .schema import SCHEMA_VERSION
 from .stats import FullStats, NormPlan, norms
-from .writer import Writer, merge_parts, remove_stale_tmp
+from .writer import Writer, merge_parts
 
 _SEVERITIES = ("info", "warning", "error", "critical")
 # Module outputs recorded per step at most (a few forward passes of a large model).
@@ -99,7 +101,8 @@ class Recorder:
         self._writer = Writer(
             self.run_dir, self.rank, flush_interval_s=self.config.flush_interval_s,
             flush_rows=self.config.flush_rows, queue_size=self.config.queue_size,
-            max_buffered_rows=self.config.max_buffered_rows, on_flush=self._heartbeat,
+            max_buffered_rows=self.config.max_buffered_rows,
+            max_buffered_bytes=self.config.max_buffered_bytes, on_flush=self._heartbeat,
         )
         self._acc = StepAccum(step=self._next_step)
         self._pending: StepAccum | None = None
@@ -165,6 +168,10 @@ class Recorder:
             self._next_step = 0 if last is None else last + 1
             self._resumed_from = self._next_step
             remove_stale_tmp(d, self.rank)
+            try:  # a killed run's many small parts, merged once before appending
+                merge_parts(d, self.rank)
+            except Exception:
+                pass  # readable as they are; the next close merges them
         knobs = self.config.to_json()
         meta = existing if (existing and resume) else new_run_meta(
             preset=self.preset, knobs=knobs, world_size=self.world_size,
@@ -174,6 +181,7 @@ class Recorder:
             meta.setdefault("resumes", []).append(
                 {"time": time.time(), "from_step": self._next_step, "rank": self.rank})
             meta["status"], meta["ended"] = "running", None
+            meta["schema_version"] = SCHEMA_VERSION  # new parts are written in this format
             meta["knobs"], meta["preset"] = knobs, self.preset
         self._meta = meta
         self._rank_meta = rank_meta(self.rank, meta)

@@ -93,6 +93,7 @@ def write_part(
     seq: int | tuple[int, int] = 1,
     *,
     fill_rank: bool = True,
+    rank_column: bool = False,
 ) -> Path:
     """Write one part file (``seq`` int → ``part-<seq>``, tuple (a, b) → merged ``part-a-b``).
 
@@ -105,6 +106,8 @@ def write_part(
     if fill_rank and data.column("rank").null_count == data.num_rows:
         idx = data.schema.get_field_index("rank")
         data = data.set_column(idx, "rank", pa.array(np.full(data.num_rows, rank, np.int32)))
+    if not rank_column:  # schema_version 2: the rank is the folder, not a column
+        data = data.drop_columns(["rank"])
     path = part_path(Path(run_dir), table, rank, seq)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".parquet.tmp")

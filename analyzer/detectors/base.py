@@ -1,29 +1,27 @@
 """The detector protocol, the analysis context and detector discovery.
 
-A detector is a module in ``tracealyze.analyzer.detectors`` (its name not starting with ``_``
-and not ``base``) that defines:
+A detector is a module in ``tracealyze.analyzer.detectors`` named after the finding id it
+reports; ``findings.FINDING_IDS`` is the registry (adding a detector is adding its file and
+its id there; ``tests/analyzer/test_registry.py`` checks the two agree). It defines:
 
-* ``ID: str`` — the finding id it reports (one of ``findings.FINDING_IDS``);
+* ``ID: str`` — the finding id it reports (its module name);
 * ``DEFAULTS: dict[str, float | int | bool | str]`` — its documented thresholds; the user
   overrides them with ``--set <ID>.<key>=<value>`` or a config file;
 * ``def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]``.
 
 Optional: ``ALIASES: tuple[str, ...]`` (other names accepted in ``--set``), ``DOC: dict``
 with ``meaning``, ``rule`` and ``fixes`` (rendered into docs/ANALYZER.md).
-
-Modules are found with pkgutil, so adding a detector is adding a file: no registry to edit.
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..findings import Finding
+from ..findings import FINDING_IDS, Finding
 
 if TYPE_CHECKING:
     from ..catalog import Run
@@ -79,24 +77,20 @@ class LoadError:
 
 
 def discover() -> tuple[list[ModuleType], list[LoadError]]:
-    """All detector modules of this package, sorted by module name, and the broken ones."""
-    from .. import detectors as pkg
-
+    """The registered detector modules (``FINDING_IDS`` order) and the ones that are broken:
+    not importable, or not following the protocol under their own id."""
     mods: list[ModuleType] = []
     errors: list[LoadError] = []
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-        if info.name.startswith("_") or info.name == "base" or info.ispkg:
-            continue
-        qual = f"{pkg.__name__}.{info.name}"
+    for det_id in FINDING_IDS:
         try:
-            mod = importlib.import_module(qual)
+            mod = importlib.import_module(f"{__package__}.{det_id}")
         except Exception as e:  # a broken detector must not stop the others
-            errors.append(LoadError(info.name, f"{type(e).__name__}: {e}"))
+            errors.append(LoadError(det_id, f"{type(e).__name__}: {e}"))
             continue
-        if not (isinstance(getattr(mod, "ID", None), str)
+        if not (getattr(mod, "ID", None) == det_id
                 and isinstance(getattr(mod, "DEFAULTS", None), dict)
                 and callable(getattr(mod, "detect", None))):
-            # helper modules without the protocol are simply not detectors
+            errors.append(LoadError(det_id, "does not define ID, DEFAULTS and detect()"))
             continue
         mods.append(mod)
     return mods, errors

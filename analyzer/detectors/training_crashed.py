@@ -12,7 +12,7 @@ from .base import Context
 
 ID = "training_crashed"
 DEFAULTS: dict[str, Any] = {
-    "stale_after_s": 0.0,   # heartbeat age that means "killed"; 0 = max(6 flushes, 300 s)
+    "stale_after_s": 0.0,   # heartbeat age that means "killed"; 0 = 3 flushes + 30 s
 }
 DOC = {
     "meaning": "Training did not finish: an exception, a signal, or the process was killed "
@@ -38,6 +38,11 @@ def _exc_type(message: str | None, details: str | None) -> str | None:
         if head and " " not in head:
             return head
     return None
+
+
+def _last(step: int | None) -> str:
+    return (f"the last recorded step was {step}" if step is not None
+            else "no step had been recorded")
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
@@ -69,8 +74,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         return [Finding(
             id=ID, severity="critical", subject=subject, first_step=first,
             title="Training crashed" + (f" ({subject})" if subject else ""),
-            message=what + (f"; the last recorded step was {overall_last}."
-                            if overall_last is not None else "."),
+            message=f"{what}; {_last(overall_last)}.",
             advice=DOC["fixes"], evidence=ev, chart="events")]
     if status != "running":
         return []
@@ -88,13 +92,17 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             first_step=last_step.get(r, overall_last),
             title="Training was killed without closing the recorder",
             message=(f"The run is still marked running but rank {r} has not written for "
-                     f"{run.heartbeat_age_s(r) or 0:.0f} s (limit {limit:.0f} s); the last "
-                     f"recorded step was {last_step.get(r, overall_last)}."
+                     f"{run.heartbeat_age_s(r) or 0:.0f} s (limit {limit:.0f} s); "
+                     f"{_last(last_step.get(r, overall_last))}."
                      + (f" Last signal: {signal}." if signal else "")),
             advice=DOC["fixes"], evidence=ev, chart="events")]
     return [Finding(
         id=ID, severity="info", subject=None, first_step=overall_last,
         title="Run in progress",
-        message=(f"The run is still running (last write {age or 0:.0f} s ago, last step "
-                 f"{overall_last}); findings cover the data so far."),
+        message=(f"The run is still running (last heartbeat {age or 0:.0f} s ago; it is "
+                 f"presumed killed after {limit:.0f} s without one); "
+                 + (f"findings cover the data up to step {overall_last}."
+                    if overall_last is not None else
+                    "no step has been recorded yet (the first data is written after one "
+                    "flush interval).")),
         advice="Re-run the analysis when it has finished.", evidence=ev)]

@@ -143,7 +143,7 @@ def test_summary_text_is_readable(tmp_path, runner):
     assert "ERROR" in res.stdout and "memory_leak" in res.stdout and "Try:" in res.stdout
 
 
-def test_detector_exception_becomes_a_visible_warning(run, monkeypatch):
+def test_detector_exception_becomes_a_visible_error(run, monkeypatch):
     from tracealyze.analyzer.detectors import loss_spike
 
     def boom(ctx, th):
@@ -152,7 +152,7 @@ def test_detector_exception_becomes_a_visible_warning(run, monkeypatch):
     monkeypatch.setattr(loss_spike, "detect", boom)
     s = build_summary(run)
     (f,) = [f for f in s["findings"] if f["id"] == "loss_spike"]
-    assert f["severity"] == "warning" and "ZeroDivisionError" in f["message"]
+    assert f["severity"] == "error" and "ZeroDivisionError" in f["message"]
 
 
 def test_every_command_has_help_with_an_example(runner):

@@ -1,6 +1,7 @@
-"""The format contract between the two halves: recorder/schema.py, analyzer/schema.py and
-docs/FORMAT.md name the same tables, columns and types; and a run the recorder really wrote
-opens in the analyzer with every row and the NaN/null distinction intact."""
+"""The format contract between the two halves: the recorder's and the analyzer's schemas are
+the format module's (one source), docs/FORMAT.md names the same tables, columns and types,
+and a run the recorder really wrote opens in the analyzer with every row and the NaN/null
+distinction intact."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def logical(t: pa.DataType) -> str:
 
 
 def recorder_columns(table: str) -> list[tuple[str, str]]:
-    return [(f.name, logical(f.type)) for f in recorder_schema.TABLES[table]]
+    """Columns of the recorder's files, with the ``rank`` partition (the folder) first."""
+    return [("rank", "int32"), *((f.name, logical(f.type)) for f in recorder_schema.TABLES[table])]
 
 
 def format_md_columns() -> dict[str, list[tuple[str, str]]]:
@@ -62,7 +64,11 @@ def format_md_columns() -> dict[str, list[tuple[str, str]]]:
 
 
 def test_schema_versions_agree() -> None:
-    assert recorder_schema.SCHEMA_VERSION == analyzer_schema.SCHEMA_VERSION == 1
+    from tracealyze.format import SCHEMA_VERSION
+
+    assert recorder_schema.SCHEMA_VERSION == analyzer_schema.SCHEMA_VERSION == SCHEMA_VERSION
+    assert SCHEMA_VERSION == 2  # files without a rank column (the folder is the partition)
+    assert all("rank" not in s.names for s in recorder_schema.TABLES.values())
 
 
 def test_recorder_and_analyzer_tables_agree() -> None:
@@ -80,7 +86,7 @@ def test_design_minimum_columns_present(table: str) -> None:
     want = {"rank", *DESIGN_MINIMUM[table]}
     assert want <= {n for n, _ in analyzer_schema.TABLES[table]}
     if table not in ANALYZER_ONLY:
-        assert want <= set(recorder_schema.TABLES[table].names)
+        assert want - {"rank"} <= set(recorder_schema.TABLES[table].names)
 
 
 def test_format_md_matches_recorder_schema() -> None:
@@ -119,7 +125,7 @@ def test_recorded_run_opens_in_the_analyzer(tmp_path: Path) -> None:
         by_name = {name: (cols, n) for name, cols, n in run.tables()}
         for table in recorder_schema.TABLES:
             cols, n = by_name[table]
-            assert [c for c, _ in cols] == recorder_schema.TABLES[table].names
+            assert [c for c, _ in cols] == ["rank", *recorder_schema.TABLES[table].names]
             assert n == counts[table], table
         _, loss = run.query("SELECT step, loss FROM steps ORDER BY step")
         assert [s for s, _ in loss] == [0, 1, 2, 3]
