@@ -188,10 +188,13 @@ def _one_line(e: BaseException) -> str:
 # ---------------------------------------------------------------------- discovery
 
 
-def _validate(files: list[Path], skipped: list[tuple[Path, str]]) -> list[tuple[Path, Any]]:
-    """(path, arrow schema) of the parts whose footer reads; the others go to ``skipped``."""
+def _validate(files: list[Path], skipped: list[tuple[Path, str]],
+              table: str | None = None) -> list[tuple[Path, Any]]:
+    """(path, arrow schema) of the parts whose footer reads and whose known columns have a
+    type the view can cast (a ``list<int64>`` step is not data); others go to ``skipped``."""
     import pyarrow.parquet as pq
 
+    want = dict(TABLES[table]) if table else {}
     good = []
     for f in files:
         try:
@@ -200,6 +203,12 @@ def _validate(files: list[Path], skipped: list[tuple[Path, str]]) -> list[tuple[
         except Exception as e:  # any unreadable footer means: not usable data
             skipped.append((f, f"unreadable Parquet footer ({type(e).__name__}: "
                                f"{_one_line(e)[:160]})"))
+            continue
+        bad = [(fld.name, str(fld.type)) for fld in schema
+               if fld.name in want and _arrow_to_logical(fld.type) is None]
+        if bad:
+            name, typ = bad[0]
+            skipped.append((f, f"column {name} has type {typ}, expected {want[name]}"))
             continue
         good.append((f, schema))
     return good
@@ -328,7 +337,7 @@ def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
         ranks.update(per_rank)
         files = [f for r in sorted(per_rank) for f in per_rank[r]]
         skipped: list[tuple[Path, str]] = []
-        valid[table] = _validate(files, skipped)
+        valid[table] = _validate(files, skipped, table)
         run.skipped_parts.extend(skipped)
         run.files[table] = [p for p, _ in valid[table]]
     traces_dir = run_dir / "traces"

@@ -41,6 +41,13 @@ def _edge(fn: F) -> F:
             raise BadInput(" ".join(str(e).split())) from e
         except (OSError, UnicodeDecodeError) as e:
             raise BadInput(f"{type(e).__name__}: {e}") from e
+        except Exception as e:
+            # Data the run's files hold that DuckDB cannot convert: bad input, not a bug.
+            if type(e).__module__.startswith("duckdb") or type(e).__name__.endswith(
+                    "ConversionException"):
+                raise BadInput(f"cannot read the run's data: {' '.join(str(e).split())[:300]}"
+                               ) from e
+            raise
 
     return wrapper  # type: ignore[return-value]
 

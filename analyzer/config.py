@@ -2,12 +2,15 @@
 
 Config files are TOML (``[memory_leak]`` tables) or JSON (``{"memory_leak": {...}}``).
 Every detector also accepts ``enabled`` (default true) to switch it off. Unknown detectors or
-keys are errors (a typo must not silently keep the default).
+keys are errors (a typo must not silently keep the default), and so are values out of range:
+every number must be finite and >= 0, a count or window whose default is >= 1 must be >= 1,
+and a ``*_frac`` must lie in [0, 1].
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -36,7 +39,7 @@ def _aliases(modules: Iterable[ModuleType]) -> dict[str, str]:
     return names
 
 
-def _coerce(value: Any, default: Any, where: str) -> Any:
+def _coerce(value: Any, default: Any, where: str, key: str = "") -> Any:
     """``value`` converted to the type of ``default`` (strings from --set are parsed)."""
     try:
         if isinstance(default, bool):
@@ -48,16 +51,29 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
             if text in ("0", "false", "no", "off"):
                 return False
             raise ValueError(value)
-        if isinstance(default, int):
+        if isinstance(default, (int, float)):
             f = float(value)
-            if f != int(f):
+            if isinstance(value, bool) or not math.isfinite(f):
                 raise ValueError(value)
-            return int(f)
-        if isinstance(default, float):
-            return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected {type(default).__name__}, got {value!r}") from None
+            if isinstance(default, int):
+                if f != int(f):
+                    raise ValueError(value)
+                f = int(f)
+            _check_range(f, default, where, key)
+            return f
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{where}: expected a finite {type(default).__name__}, "
+                          f"got {value!r}") from None
     return str(value) if isinstance(default, str) else value
+
+
+def _check_range(value: float, default: Any, where: str, key: str) -> None:
+    if value < 0:
+        raise ConfigError(f"{where}: must be >= 0, got {value!r}")
+    if isinstance(default, int) and default >= 1 and value < 1:
+        raise ConfigError(f"{where}: must be >= 1, got {value!r}")
+    if key.endswith("_frac") and value > 1:
+        raise ConfigError(f"{where}: a fraction must be between 0 and 1, got {value!r}")
 
 
 def _apply(th: Thresholds, names: dict[str, str], det: str, key: str, value: Any,
@@ -68,7 +84,7 @@ def _apply(th: Thresholds, names: dict[str, str], det: str, key: str, value: Any
     if key not in th[did]:
         raise ConfigError(f"{where}: unknown threshold {did}.{key} "
                           f"(known: {', '.join(sorted(th[did]))})")
-    th[did][key] = _coerce(value, th[did][key], where)
+    th[did][key] = _coerce(value, th[did][key], where, key)
 
 
 def load_file(path: Path) -> dict[str, Any]:

@@ -72,6 +72,12 @@ def format_value(key: str, value: Any) -> str:
         return f"{value:.4g}"
     if isinstance(value, str):
         return value if len(value) <= 300 else value[:299] + "…"
+    if key.lower().endswith("ranks") and isinstance(value, (list, tuple)):
+        # 'ranks leaking: 0' read as "no rank leaks"; say which ranks
+        if not value:
+            return "none"
+        return ("rank " if len(value) == 1 else "ranks ") + ", ".join(map(str, value[:12])) + (
+            f", … ({len(value)} in all)" if len(value) > 12 else "")
     if isinstance(value, (list, tuple)) and all(
             isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value):
         shown = ", ".join(format_value(key, v) for v in value[:12])

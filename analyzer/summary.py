@@ -103,7 +103,10 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
     out: dict[str, Any] = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "run": {"run_id": run.run_id, "status": run.status, "steps": int(steps),
-                "ranks": list(run.ranks)},
+                "ranks": list(run.ranks),
+                # status stays "running" for a killed run (it never said otherwise): this says
+                # whether its heartbeat is stale by the format's rule
+                "killed": run.killed, "heartbeat_age_s": run.heartbeat_age_s()},
         "findings": [f.to_json() for f in findings],
     }
     try:
@@ -136,7 +139,8 @@ def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
     """Human-readable summary for a terminal."""
     run = summary["run"]
     ranks = run.get("ranks") or []
-    lines = [f"run {run.get('run_id') or '?'}  status={run.get('status')}  "
+    status = "killed" if run.get("killed") else run.get("status")
+    lines = [f"run {run.get('run_id') or '?'}  status={status}  "
              f"steps={run.get('steps')}  ranks={len(ranks)} ({','.join(map(str, ranks)) or '-'})"]
     findings = summary.get("findings", [])
     counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}

@@ -71,32 +71,41 @@ class StepAccum:
         self.pieces.append(piece)
         self.tensors.append(tensor)
 
-    def add_scalar(self, label: str, value: Any, *, metric: str | None = None) -> None:
+    def add_scalar(self, label: str, value: Any, *, metric: str | None = None) -> bool:
         """A loss/metric/lr value: Python numbers stay on the host, device tensors join the
         vector. A CPU tensor is read right away: on the host ``item()`` waits for nothing,
         and it is one op where joining the vector would be four (each op costs ~20 us on a
-        training thread whose caches the step has just flushed)."""
+        training thread whose caches the step has just flushed). False, and nothing added,
+        for a value that is not a real number (a string, a complex, a list, a meta tensor,
+        an int beyond float range): the caller drops that value only, never the step."""
         if value is None:
-            return
-        if isinstance(value, torch.Tensor):
-            n = value.numel()
-            if n == 0:
-                return  # an empty tensor carries no value: recorded as null
-            if value.device.type == "cpu":
-                v = (value.item() if n == 1
-                     else value.detach().float().mean().item())  # CPU: not a sync point
-                self.add_scalar(label, float(v), metric=metric)
-                return
-            t = value.detach()
-            if n != 1:
-                t = t.float().mean()  # a per-sample loss vector is recorded as its mean
-            self.add(Piece(label, 1, metric=metric), t.reshape(1).float())
-            return
-        v = float(value)
+            return True
+        try:
+            if isinstance(value, torch.Tensor):
+                n = value.numel()
+                if value.is_complex() or value.device.type == "meta":
+                    return False
+                if n == 0:
+                    return True  # an empty tensor carries no value: recorded as null
+                if value.device.type == "cpu":
+                    v = (value.item() if n == 1
+                         else value.detach().float().mean().item())  # CPU: not a sync point
+                    return self.add_scalar(label, float(v), metric=metric)
+                t = value.detach()
+                if n != 1:
+                    t = t.float().mean()  # a per-sample loss vector is recorded as its mean
+                self.add(Piece(label, 1, metric=metric), t.reshape(1).float())
+                return True
+            if isinstance(value, (str, bytes, complex)):
+                return False
+            v = float(value)
+        except (TypeError, ValueError, OverflowError, RuntimeError, NotImplementedError):
+            return False
         if label == "metric":
             self.metrics[metric or "?"] = v
         else:
             self.floats.setdefault(label, []).append(v)
+        return True
 
 
 def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]:
@@ -154,8 +163,21 @@ class StepItem:
     write_many = staticmethod(write_steps)
 
 
-def event_row(step: int | None, kind: str, message: str, *, severity: str,
-              subject: str | None, stack: str | None, details: dict[str, Any]) -> dict:
-    return {"step": [step], "time": [time.time()], "kind": [kind], "severity": [severity],
-            "subject": [subject], "message": [message], "stack": [stack],
-            "details": [json.dumps(details, default=str)]}
+def _text(value: Any) -> str | None:
+    return None if value is None else value if isinstance(value, str) else str(value)
+
+
+def _details_json(details: dict[str, Any]) -> str:
+    try:
+        return json.dumps(details, default=str)
+    except (TypeError, ValueError):  # non-string keys, circular references, ...
+        return json.dumps({str(k): repr(v) for k, v in details.items()})
+
+
+def event_row(step: int | None, kind: Any, message: Any, *, severity: str,
+              subject: Any, stack: Any, details: dict[str, Any]) -> dict:
+    """One events row; every text field coerced to a string here, so one odd value (a
+    ``subject=42``) can never make the flush's Arrow conversion fail."""
+    return {"step": [step], "time": [time.time()], "kind": [_text(kind)],
+            "severity": [severity], "subject": [_text(subject)], "message": [_text(message)],
+            "stack": [_text(stack)], "details": [_details_json(details)]}

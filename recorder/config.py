@@ -65,7 +65,9 @@ class RecorderConfig:
     max_buffered_rows: int = 5_000_000
     """The same bound in rows (the older knob; both apply)."""
     merge_on_close: bool = True
-    """Merge each table's part files into one at close."""
+    """Merge each table's part files into one at close, and merge small parts as they
+    accumulate (a killed run keeps a few dozen files per table, not one per flush). False
+    keeps one file per flush."""
     stats_chunk_elems: int = 1 << 24
     """Largest number of elements concatenated at once for full statistics (bounds the
     temporary memory those steps need)."""

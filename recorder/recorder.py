@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from tracealyze.format.parts import remove_stale_tmp
+from tracealyze.format.parts import COMPACT_FANOUT, remove_stale_tmp
 
 from . import stats
 from .capture import Piece, StepAccum, StepItem, event_row, pack
@@ -85,6 +85,7 @@ class Recorder:
         self.rank, self.world_size = rank_and_world()
         self.errors = 0
         self._error_kinds: set[str] = set()
+        self._next_step = 0
         if not self.config.enabled:
             return
 
@@ -103,6 +104,7 @@ class Recorder:
             flush_rows=self.config.flush_rows, queue_size=self.config.queue_size,
             max_buffered_rows=self.config.max_buffered_rows,
             max_buffered_bytes=self.config.max_buffered_bytes, on_flush=self._heartbeat,
+            compact_fanout=COMPACT_FANOUT if self.config.merge_on_close else 0,
         )
         self._acc = StepAccum(step=self._next_step)
         self._pending: StepAccum | None = None
@@ -168,10 +170,6 @@ class Recorder:
             self._next_step = 0 if last is None else last + 1
             self._resumed_from = self._next_step
             remove_stale_tmp(d, self.rank)
-            try:  # a killed run's many small parts, merged once before appending
-                merge_parts(d, self.rank)
-            except Exception:
-                pass  # readable as they are; the next close merges them
         knobs = self.config.to_json()
         meta = existing if (existing and resume) else new_run_meta(
             preset=self.preset, knobs=knobs, world_size=self.world_size,
@@ -333,9 +331,13 @@ class Recorder:
         """Record a user event (e.g. ``rec.event("checkpoint", "saved", severity="info")``)."""
         if self._closed:
             return
+        self._guard("event", self._event, kind, message, severity, subject, stack, details)
+
+    def _event(self, kind: Any, message: Any, severity: str, subject: Any, stack: Any,
+               details: dict[str, Any]) -> None:
         if severity not in _SEVERITIES:
             severity = "warning"
-        row = event_row(self._acc.step if self._acc else None, str(kind), str(message),
+        row = event_row(self._acc.step if self._acc else None, kind, message,
                         severity=severity, subject=subject, stack=stack, details=details)
         self._writer.submit(lambda w: w.append("events", row), "events")
 
@@ -442,13 +444,16 @@ class Recorder:
                     self._pending = None
             if step is not None:
                 acc.step = int(step)
-            acc.add_scalar("loss", loss)
+            bad = [] if acc.add_scalar("loss", loss) else [("loss", loss)]
             if lr is None and self.optimizer is not None:
                 lr = self.optimizer.param_groups[0].get("lr")
-            if lr is not None and not acc.has("lr"):
-                acc.add_scalar("lr", lr)
+            if lr is not None and not acc.has("lr") and not acc.add_scalar("lr", lr):
+                bad.append(("lr", lr))
             for name, value in metrics.items():
-                acc.add_scalar("metric", value, metric=str(name))
+                if not acc.add_scalar("metric", value, metric=str(name)):
+                    bad.append((str(name), value))
+            if bad:
+                self._drop_values(acc.step, bad)
             if self.scaler is not None:
                 acc.scaler = True
                 if not acc.has("loss_scale"):  # unscale_ was not called: read it now
@@ -473,6 +478,21 @@ class Recorder:
             if self._profiler is not None:
                 self._profiler.after_step()
                 self._profiler.before_step(self._acc.step)
+
+    def _drop_values(self, step: int, bad: list[tuple[str, Any]]) -> None:
+        """rec.step() values that are not numbers: dropped one by one (the step and its number
+        stay), counted as dropped ``step_values``, reported once."""
+        self._writer.dropped["step_values"] += len(bad)
+        if "step_values" in self._error_kinds:
+            return
+        self._error_kinds.add("step_values")
+        name, value = bad[0]
+        what = f"{type(value).__name__} {str(value)[:60]!r}"
+        print(f"tracealyze: rec.step() value {name}={what} is not a number; dropped (the step "
+              "is kept; further bad values are only counted)", file=sys.stderr)
+        self.event("dropped_data", f"rec.step() value {name!r} is not a real number ({what}); "
+                   "it was dropped, the step kept", severity="warning", subject=name,
+                   step_values=len(bad))
 
     def _grad_signature(self) -> tuple[int, int] | None:
         """Identity and in-place version of the first gradient: changes with every backward

@@ -76,6 +76,7 @@ class TableBuffer:
         self.counts: list[int] = []
         self.rows = 0
         self.failed: list[pa.Table] = []  # converted rows whose write failed, oldest first
+        self.bad_rows = 0  # rows that could not be converted (dropped, counted)
 
     def append(self, columns: dict[str, Any], n: int) -> None:
         if not n:
@@ -86,17 +87,36 @@ class TableBuffer:
         self.rows += n
 
     def take(self) -> pa.Table | None:
+        """Everything buffered as one Arrow table (failed writes first). Rows that cannot be
+        converted are dropped one append at a time (counted in :attr:`bad_rows`), never the
+        whole buffer."""
         tables = self.failed
         self.failed = []
         if self.counts:
-            arrays = [_column(self.cols[f.name], self.counts, f.type) for f in self.schema]
-            tables = [*tables, pa.Table.from_arrays(arrays, schema=self.schema)]
+            try:
+                tables = [*tables, self._convert(self.cols, self.counts)]
+            except Exception:
+                tables = [*tables, *self._salvage()]
             self.cols = {f.name: [] for f in self.schema}
             self.counts = []
         self.rows = 0
+        tables = [t for t in tables if t.num_rows]
         if not tables:
             return None
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables).unify_dictionaries()
+
+    def _convert(self, cols: dict[str, list[Any]], counts: list[int]) -> pa.Table:
+        arrays = [_column(cols[f.name], counts, f.type) for f in self.schema]
+        return pa.Table.from_arrays(arrays, schema=self.schema)
+
+    def _salvage(self) -> list[pa.Table]:
+        good = []
+        for i, n in enumerate(self.counts):
+            try:
+                good.append(self._convert({k: [v[i]] for k, v in self.cols.items()}, [n]))
+            except Exception:
+                self.bad_rows += n
+        return good
 
     def put_back(self, table: pa.Table) -> None:
         """Re-queue rows whose write failed, ahead of anything buffered since."""
@@ -405,6 +425,7 @@ class Writer:
         ok = True
         self._check_run_dir()
         for buf in self.buffers.values():
+            bad = buf.bad_rows
             try:
                 table = buf.take()
             except Exception as exc:  # unconvertible rows: lose them, loudly
@@ -412,6 +433,10 @@ class Writer:
                 buf.rows = 0
                 self.record_error(f"convert:{buf.name}", exc)
                 continue
+            if buf.bad_rows > bad:
+                self.dropped[buf.name] += buf.bad_rows - bad
+                self.record_error(f"convert:{buf.name}", ValueError(
+                    f"{buf.bad_rows - bad} row(s) could not be converted; the others were kept"))
             if table is None:
                 continue
             try:

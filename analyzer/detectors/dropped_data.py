@@ -50,9 +50,13 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     for k in set(rank_dropped) | set(run_d):
         dropped[k] = max(rank_dropped.get(k, 0), run_d.get(k, 0))
     ev_rows = ctx.rows(
-        "SELECT kind, count(*), min(step), any_value(message) FROM events "
+        "SELECT kind, count(*), min(step), "
+        "  coalesce(max_by(message, severity IN ('error', 'critical')), any_value(message)), "
+        "  bool_or(severity IN ('error', 'critical')) FROM events "
         "WHERE kind IN ('dropped_data', 'recorder_error') GROUP BY kind ORDER BY kind")
-    events = {k: (int(n), s, m) for k, n, s, m in ev_rows}
+    events = {k: (int(n), s, m) for k, n, s, m, _ in ev_rows}
+    # e.g. the run directory deleted under the recorder: earlier steps are gone
+    grave = any(bad for k, _, _, _, bad in ev_rows if k == "dropped_data")
     out = []
     total_dropped = sum(dropped.values())
     n_err = max(errors, events.get("recorder_error", (0, None, None))[0])
@@ -62,17 +66,19 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         if total_dropped:
             parts.append("dropped " + ", ".join(f"{v:,} {k} row(s)"
                                                 for k, v in sorted(dropped.items()) if v))
-        if "dropped_data" in events and not total_dropped:
-            parts.append(f"{events['dropped_data'][0]} dropped_data event(s)")
+        if "dropped_data" in events:
+            n_ev, _, msg = events["dropped_data"]
+            parts.append(f"{n_ev} data-loss event(s)" + (f" (e.g. {msg!r})" if msg else ""))
         if n_err:
             msg = events.get("recorder_error", (0, None, None))[2]
-            parts.append(f"{n_err} recorder error(s)" + (f" (e.g. {msg!r})" if msg else ""))
+            parts.append(f"{n_err} internal error(s)" + (f" (e.g. {msg!r})" if msg else ""))
         first = min([s for _, s, _ in events.values() if s is not None], default=None)
         out.append(Finding(
-            id=ID, severity="warning", subject="recorder", first_step=first,
+            id=ID, severity="error" if grave else "warning", subject="recorder",
+            first_step=first,
             title="The recorder lost data",
-            message="The recorder " + "; ".join(parts) + ". Findings may miss what happened "
-                    "in the lost data.",
+            message="The recorder lost data: " + "; ".join(parts) + ". Findings may miss "
+                    "what happened in the lost data.",
             advice=DOC["fixes"],
             evidence={"dropped_rows": dropped, "recorder_errors": n_err,
                       "events": {k: v[0] for k, v in events.items()}}))

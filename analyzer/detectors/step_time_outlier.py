@@ -86,8 +86,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         title=f"{n} slow step{'s' if n > 1 else ''} (up to {best['durs'][i] / best['med']:.1f}×"
               f" the median)",
         message=(f"{n} step(s) on rank {best['rank']} took far longer than the median "
-                 f"{1e3 * best['med']:.1f} ms, the slowest step {int(best['steps'][i])} "
-                 f"{1e3 * best['durs'][i]:.0f} ms; together they cost "
+                 f"{1e3 * best['med']:.1f} ms (the slowest, step {int(best['steps'][i])}, "
+                 f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
                  f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)."),
         advice=DOC["fixes"], chart="step-time",
         evidence={"count": n, "outlier_steps": [int(s) for s in best["steps"][:20]],

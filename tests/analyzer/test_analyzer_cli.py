@@ -203,7 +203,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, run, runner):
                                                           "nosuch.x=1"]))
     assert "unknown threshold" in bad(runner.invoke(main, ["summary", str(run), "--set",
                                                            "memory_leak.nosuch=1"]))
-    assert "expected float" in bad(runner.invoke(main, ["summary", str(run), "--set",
+    assert "expected a finite float" in bad(runner.invoke(main, ["summary", str(run), "--set",
                                                         "memory_leak.max_p=abc"]))
 
 

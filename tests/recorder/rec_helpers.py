@@ -83,9 +83,14 @@ def part_files(run_dir: Path, table: str, rank: int | None = None) -> list[Path]
 
 
 def read_table(run_dir: Path, table: str, rank: int | None = None) -> pa.Table | None:
-    # Files are read one by one: the rank=<r> folder name would otherwise be turned into a
-    # hive partition column that clashes with the file's own `rank` column.
-    tables = [pq.read_table(p) for p in part_files(run_dir, table, rank)]
+    # File by file, with the rank of its rank=<r> folder as a column (schema_version 2 files
+    # have none: the folder is the partition).
+    tables = []
+    for p in part_files(run_dir, table, rank):
+        t = pq.read_table(p)
+        assert "rank" not in t.column_names, p
+        r = int(p.parent.name.split("=", 1)[1])
+        tables.append(t.append_column("rank", pa.array([r] * t.num_rows, pa.int32())))
     if not tables:
         return None
     return pa.concat_tables([t.cast(tables[0].schema) for t in tables])

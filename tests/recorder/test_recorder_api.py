@@ -78,7 +78,8 @@ def test_preset_tables(run_dir: Path, preset: str) -> None:
         for f in part_files(run_dir, table):
             schema = pq.read_schema(f)
             assert schema.names == TABLES[table].names, (table, f)
-            assert set(DESIGN_MINIMUM.get(table, ())) | {"rank"} <= set(schema.names)
+            assert set(DESIGN_MINIMUM.get(table, ())) <= set(schema.names)
+            assert "rank" not in schema.names  # the rank=<r> folder is the partition
 
     steps = steps_by_number(run_dir)
     assert sorted(steps) == list(range(n))
@@ -182,7 +183,7 @@ def test_run_json_fields_and_status_transition(run_dir: Path, model_opt: Any) ->
     rec.close()
     meta = run_json(run_dir)
     assert meta["status"] == "completed"
-    assert meta["schema_version"] == 1
+    assert meta["schema_version"] == 2
     assert re.fullmatch(r"[0-9a-f]{32}", meta["run_id"]) and meta["run_id"] == running["run_id"]
     assert meta["started"] <= meta["ended"] <= time.time()
     assert meta["heartbeat"] >= meta["started"]
