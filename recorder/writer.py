@@ -40,6 +40,9 @@ from tracealyze.format.parts import (
 
 from .schema import TABLES
 
+SELF_REPORTED = frozenset({"step_values", "run_dir_deleted"})
+"""Keys of :attr:`Writer.dropped` whose losses are reported by an event of their own."""
+
 # A flush this close to due is done now rather than after one more (tiny) sleep.
 _FLUSH_SLACK_S = 0.01
 
@@ -416,10 +419,14 @@ class Writer:
         """Write every non-empty buffer as a new part; keep rows whose write failed."""
         self._last_flush = time.monotonic()
         new_drops = self.dropped - self._reported_dropped
+        # (losses with an event of their own: bad rec.step() values, a deleted run dir)
+        new_drops = Counter({k: v for k, v in new_drops.items() if k not in SELF_REPORTED})
         if new_drops:
             self._reported_dropped.update(new_drops)
             self.event("dropped_data",
-                       f"recorder fell behind and dropped {sum(new_drops.values())} item(s)",
+                       f"recorder dropped {sum(new_drops.values())} item(s) or row(s) (queue "
+                       "full or writes failing): " + ", ".join(
+                           f"{k} {v}" for k, v in sorted(new_drops.items())),
                        severity="warning", subject="writer_queue",
                        dropped=dict(new_drops), dropped_total=dict(self.dropped))
         ok = True

@@ -4,6 +4,7 @@ and reported, and data is kept (and written later) whenever that is possible."""
 from __future__ import annotations
 
 import errno
+import json
 import shutil
 import threading
 import time
@@ -117,6 +118,44 @@ def test_run_dir_deleted_mid_run_is_recreated(run_dir: Path) -> None:
     assert run_json(run_dir)["status"] == "completed"
     assert {3, 4, 5, 6} <= set(steps_by_number(run_dir))
     assert (run_dir / "ranks" / "rank=0.json").exists()
+    # ... and it says that the earlier steps are gone: an event, a counter, a finding.
+    (ev,) = events(run_dir, "dropped_data")
+    assert ev["severity"] == "error" and "deleted" in ev["message"]
+    assert json.loads(ev["details"])["lost_parts"] >= 1
+    assert run_json(run_dir)["counters"]["dropped"]["run_dir_deleted"] == 1
+    from tracealyze.analyzer.summary import build_summary
+
+    (f,) = [f for f in build_summary(run_dir)["findings"] if f["id"] == "dropped_data"]
+    assert f["severity"] == "error" and "deleted" in f["message"]
+
+
+def test_failed_writes_hold_bounded_bytes(run_dir: Path, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    """While every write fails, buffered rows are bounded in bytes (max_buffered_bytes), the
+    oldest dropped and counted; the newest are written once the disk is back."""
+    real = writer_mod.write_parquet_atomic
+    full = threading.Event()
+    full.set()
+
+    def write(tables: Any, final: Path) -> None:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(tables, final)
+
+    monkeypatch.setattr(writer_mod, "write_parquet_atomic", write)
+    rec, model, opt = make(run_dir, param_stats_every=1, tensor_stats_every=1,
+                           max_buffered_bytes=20_000)
+    for _ in range(8):
+        steps(rec, model, opt, 5)
+        time.sleep(0.06)  # a failed flush between batches
+    held = sum(t.nbytes for b in rec._writer.buffers.values() for t in b.failed)
+    assert held <= 20_000
+    assert sum(rec._writer.dropped.values()) > 0
+    full.clear()
+    rec.close()
+    assert sorted(steps_by_number(run_dir))[-1] == 39  # the newest rows were kept
+    dropped = run_json(run_dir)["counters"]["dropped"]
+    assert sum(dropped.values()) > 0 and dropped.get("tensor_stats", 0) > 0
 
 
 def test_disk_full_keeps_rows_and_reports_once(run_dir: Path, monkeypatch: pytest.MonkeyPatch,
