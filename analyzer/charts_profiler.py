@@ -13,10 +13,10 @@ TOP_N = 15
 """Ops / kernels shown in each top list."""
 
 
-def profiler_charts(ctx: ReportContext) -> tuple[list[Chart], list[dict[str, Any]]]:
-    """(charts, gpu_time rows); empty when there are no trace events."""
+def profiler_charts(ctx: ReportContext) -> list[Chart]:
+    """Top ops and kernels, GPU time and kernel types; empty without trace events."""
     if not ctx.scalar("SELECT count(*) FROM (SELECT 1 FROM trace_events LIMIT 1)"):
-        return [], []
+        return []
     charts: list[Chart] = []
     ops = _top(ctx, "cat = 'cpu_op'", "profiler", "Top CPU ops by total time", "op", BLUE,
                "Sum of the op's own span over all profiled steps and ranks (nested ops are "
@@ -28,16 +28,15 @@ def profiler_charts(ctx: ReportContext) -> tuple[list[Chart], list[dict[str, Any
                    "Sum of kernel durations over all profiled steps, ranks and streams.")
     if kernels:
         charts.append(kernels)
-    gpu_rows = _gpu_time(ctx)
-    if gpu_rows:
-        charts.append(_gpu_time_chart(gpu_rows))
+    if ctx.gpu_time:
+        charts.append(_gpu_time_chart(ctx.gpu_time))
     kb = _kernel_types(ctx)
     if kb:
         charts.append(kb)
     if charts and charts[0].anchor != "profiler":
         # Findings link to 'profiler': make the first chart of the section carry it.
         charts[0].anchor = "profiler"
-    return charts, gpu_rows
+    return charts
 
 
 def _top(ctx: ReportContext, where: str, anchor: str, title: str, what: str, colour: str,
@@ -59,17 +58,6 @@ def _top(ctx: ReportContext, where: str, anchor: str, title: str, what: str, col
                  yaxis={"automargin": True, "tickfont": {"size": 10}},
                  height=max(260, 60 + 24 * len(rows)), showlegend=False)
     return Chart(anchor, title, fig, caption, wide=False)
-
-
-def _gpu_time(ctx: ReportContext) -> list[dict[str, Any]]:
-    try:
-        from .gputime import gpu_time_breakdown
-    except ImportError:  # the GPU-time module is optional for the report
-        return []
-    try:
-        return [r for r in gpu_time_breakdown(ctx.con) if r.get("total_us")]
-    except Exception:
-        return []
 
 
 def _gpu_time_chart(rows: list[dict[str, Any]]) -> Chart:
@@ -95,10 +83,8 @@ def _gpu_time_chart(rows: list[dict[str, Any]]) -> Chart:
 
 
 def _kernel_types(ctx: ReportContext) -> Chart | None:
-    try:
-        from .gputime import kernel_breakdown
-    except ImportError:
-        return None
+    from .gputime import kernel_breakdown
+
     try:
         rows = kernel_breakdown(ctx.con)
     except Exception:

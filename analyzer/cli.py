@@ -217,10 +217,8 @@ def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
     Example:
       tracealyze report runs/exp1 -o exp1.html
     """
-    try:
-        from .report import write_report  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise BadInput(f"the HTML report is not available in this installation ({e})") from e
+    from .report import write_report
+
     kwargs: dict[str, Any] = {"overrides": list(overrides) or None}
     if config_file is not None:
         from . import config
@@ -247,7 +245,7 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path) -> None:
       tracealyze import-trace prof/worker0.pt.trace.json.gz runs/exp1
     """
     try:
-        from .traces import import_traces  # type: ignore[attr-defined]
+        from .trace_import import import_traces
     except ImportError as e:
         raise BadInput(f"trace import is not available in this installation ({e})") from e
     for info in import_traces(list(traces), run_dir):

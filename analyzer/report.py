@@ -124,36 +124,59 @@ def _ranked(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(findings, key=key)
 
 
-def collect(run: Any, findings: list[dict[str, Any]],
-            tick: Callable[[str], None] = lambda _label: None) -> dict[str, Any]:
-    """Everything the template needs, from an open run and its findings."""
+def _training(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
     from .charts import training_charts
+    from .charts_tensors import tensor_charts
+
+    return [("training", "Training", training_charts(ctx) + tensor_charts(ctx))]
+
+
+def _performance(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
     from .charts_perf import perf_charts
+
+    perf = perf_charts(ctx)
+    per_rank = [c for c in perf if c.anchor.startswith("ranks")]
+    return [("performance", "Performance", [c for c in perf if c not in per_rank]),
+            ("ranks-section", f"Ranks ({len(ctx.ranks)})", per_rank)]
+
+
+def _profiler(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
     from .charts_profiler import profiler_charts
+
+    return [("profiler-section", "Profiler", profiler_charts(ctx))]
+
+
+SECTIONS: tuple[tuple[str, Callable[[ReportContext], list[tuple[str, str, list[Chart]]]]],
+                ...] = (
+    ("training charts", _training),
+    ("performance charts", _performance),
+    ("profiler", _profiler),
+)
+"""The report's sections, in page order: (progress label, builder of (anchor, title,
+charts) sections). The events table and chart follow them. A new section is one entry."""
+
+STEPS: int = 3 + len(SECTIONS) + 1
+"""Progress steps of one report: open, findings, each section, events, render."""
+
+
+def collect(run: Any, findings: list[dict[str, Any]],
+            tick: Callable[[str], None] = lambda _label: None,
+            gpu_time: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything the template needs, from an open run, its findings and the summary's GPU
+    time breakdown (computed once, by the summary)."""
     from .report_events import event_rows, events_chart
 
-    ranks = sorted(int(r) for r in (getattr(run, "ranks", None) or [0]))
+    ranks = sorted(int(r) for r in (run.ranks or [0]))
     ctx = ReportContext(con=run.con, ranks=ranks, rank=ranks[0] if ranks else 0,
-                        findings=findings)
+                        findings=findings,
+                        gpu_time=[r for r in (gpu_time or []) if r.get("total_us")])
     sections: list[tuple[str, str, list[Chart]]] = []
-    training = training_charts(ctx)
-    tick("training charts")
-    perf = perf_charts(ctx)
-    tick("performance charts")
+    for label, build in SECTIONS:
+        sections.extend(s for s in build(ctx) if s[2])
+        tick(label)
     ev_chart = events_chart(ctx)
     ev_rows, ev_groups, ev_total = event_rows(ctx)
     tick("events")
-    prof, gpu_rows = profiler_charts(ctx)
-    tick("profiler")
-    sections.append(("training", "Training", training))
-    per_rank = [c for c in perf if c.anchor.startswith("ranks")]
-    sections.append(("performance", "Performance",
-                     [c for c in perf if not c.anchor.startswith("ranks")]))
-    if per_rank:
-        sections.append(("ranks-section", f"Ranks ({len(ranks)})", per_rank))
-    if prof:
-        sections.append(("profiler-section", "Profiler", prof))
-    sections = [s for s in sections if s[2]]
     charts = [c for _, _, cs in sections for c in cs]
     if ev_chart:
         charts.append(ev_chart)
@@ -167,7 +190,7 @@ def collect(run: Any, findings: list[dict[str, Any]],
         "sections": sections,
         "events_chart": ev_chart,
         "events": ev_rows, "event_groups": ev_groups, "event_total": ev_total,
-        "gpu_time": gpu_rows,
+        "gpu_time": ctx.gpu_time,
         "charts": charts,
         "multi_rank": len(ranks) > 1,
         "rank": ctx.rank,
@@ -236,7 +259,7 @@ def write_report(run_dir: Path, out: Path | None = None, *, overrides: Any = Non
     progress bar goes to stderr when it takes more than a second (``progress``)."""
     run_dir = Path(run_dir)
     out = Path(out) if out is not None else run_dir / "report.html"
-    bar = Progress(total=7, enabled=progress)
+    bar = Progress(total=STEPS, enabled=progress)
     try:
         return _write_report(run_dir, out, overrides, bar)
     finally:
@@ -250,7 +273,7 @@ def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Pa
         summary = _build_summary(run, overrides)
         findings = _ranked([dict(f) for f in summary.get("findings", [])])
         bar.step("findings")
-        model = collect(run, findings, bar.step)
+        model = collect(run, findings, bar.step, summary.get("gpu_time"))
     except TracealyzeError:  # RunDirError, ConfigError (bad overrides), ...: already clear
         raise
     except Exception as exc:

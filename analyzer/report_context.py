@@ -16,6 +16,8 @@ class ReportContext:
     rank: int
     """The rank the per-run charts show (the lowest; per-rank charts compare the others)."""
     findings: list[dict[str, Any]] = field(default_factory=list)
+    gpu_time: list[dict[str, Any]] = field(default_factory=list)
+    """The summary's GPU time breakdown per rank (computed once per report)."""
     buckets: int = 1000
     """Buckets per line chart; heatmaps and per-rank charts use fewer."""
 

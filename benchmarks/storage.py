@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from tracealyze.recorder.capture import Piece, StepItem
+from tracealyze.recorder.capture import Piece
+from tracealyze.recorder.rows import StepItem
 from tracealyze.recorder.writer import Writer, merge_parts
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from .rows import write_steps
 
 
 @dataclass
@@ -63,6 +62,17 @@ class StepAccum:
         default_factory=list)
     # Per-module activation statistics (name, numel, seq, [1, 8] tensor), likewise.
     act_stats: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
+
+    def fold(self, extra: StepAccum) -> None:
+        """Add a micro-batch's rec.step() (gradient accumulation) into this step."""
+        self.tensors.extend(extra.tensors)
+        self.pieces.extend(extra.pieces)
+        self.to_probe.extend(extra.to_probe)
+        self.probes.extend(extra.probes)
+        self.act_stats.extend(extra.act_stats)
+        self.metrics.update(extra.metrics)
+        self.data_wait_s += extra.data_wait_s
+        self.waited = self.waited or extra.waited
 
     def has(self, label: str) -> bool:
         return label in self.floats or any(p.label == label for p in self.pieces)
@@ -139,30 +149,6 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]
     return flat.to("cpu"), None
 
 
-@dataclass
-class StepItem:
-    """A committed step on its way to the writer thread (rows made by :mod:`.rows`)."""
-
-    step: int
-    time: float
-    duration_s: float | None
-    data_wait_s: float | None
-    floats: dict[str, list[float]]
-    metrics: dict[str, float]
-    pieces: list[Piece]
-    host: torch.Tensor | list[torch.Tensor] | None  # see pack()
-    event: Any
-    scaler: bool
-    memory: bool
-    probe: Any  # MemoryProbe
-    rss: int | None  # read on the training thread at commit (belongs to this step)
-    nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
-    store_grad_norms: bool = True
-
-    # The writer hands every run of consecutive queued steps to this at once.
-    write_many = staticmethod(write_steps)
-
-
 def _text(value: Any) -> str | None:
     return None if value is None else value if isinstance(value, str) else str(value)
 
@@ -181,3 +167,23 @@ def event_row(step: int | None, kind: Any, message: Any, *, severity: str,
     return {"step": [step], "time": [time.time()], "kind": [_text(kind)],
             "severity": [severity], "subject": [_text(subject)], "message": [_text(message)],
             "stack": [_text(stack)], "details": [_details_json(details)]}
+
+
+def exception_row(exc: BaseException, step: int | None, probe: Any) -> dict:
+    """The ``exception`` event of an exception that ended training (with its traceback; for
+    an out-of-memory error, a memory snapshot)."""
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    details: dict[str, Any] = {"type": type(exc).__name__}
+    subject = None
+    text = str(exc)
+    if "returned nan values" in text.lower() or "nan" in type(exc).__name__.lower():
+        details["anomaly"] = True
+        subject = text.split("'")[1] if "'" in text else None
+    if "out of memory" in text.lower():
+        details["oom"] = True
+        try:
+            details["memory"] = probe.snapshot()
+        except Exception:
+            pass
+    return event_row(step, "exception", f"{type(exc).__name__}: {exc}", severity="critical",
+                     subject=subject, stack=stack, details=details)

@@ -151,3 +151,22 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
         flush_interval_s=5.0,
     ),
 }
+
+
+def check_arguments(run_dir: Any, model: Any, optimizer: Any, scaler: Any, resume: Any) -> None:
+    """ValueError for Recorder arguments of the wrong kind (at construction, never later)."""
+    import os
+
+    import torch
+
+    if not isinstance(run_dir, (str, os.PathLike)) or str(run_dir) == "":
+        raise ValueError(f"run_dir must be a path, got {run_dir!r}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if scaler is not None and not hasattr(scaler, "unscale_"):
+        raise ValueError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+    if not isinstance(resume, bool):
+        raise ValueError(f"resume must be True or False, got {resume!r}")

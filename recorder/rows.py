@@ -13,15 +13,18 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .buffers import Codes
 from .schema import STAT_COLUMNS
-from .writer import Codes
 
 if TYPE_CHECKING:
-    from .capture import Piece, StepItem
+    import torch
+
+    from .capture import Piece
     from .writer import Writer
 
 # What a batch produces, appended only once everything is computed (so a batch that fails
@@ -300,3 +303,27 @@ def _arange(n: int) -> np.ndarray:
 def _tiled(k: int, n: int) -> np.ndarray:
     """Codes 0..k-1 repeated for n steps (row-major: step by step)."""
     return np.tile(_arange(k), n)
+
+
+@dataclass
+class StepItem:
+    """A committed step on its way to the writer thread (rows made by :mod:`.rows`)."""
+
+    step: int
+    time: float
+    duration_s: float | None
+    data_wait_s: float | None
+    floats: dict[str, list[float]]
+    metrics: dict[str, float]
+    pieces: list[Piece]
+    host: torch.Tensor | list[torch.Tensor] | None  # see pack()
+    event: Any
+    scaler: bool
+    memory: bool
+    probe: Any  # MemoryProbe
+    rss: int | None  # read on the training thread at commit (belongs to this step)
+    nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
+    store_grad_norms: bool = True
+
+    # The writer hands every run of consecutive queued steps to this at once.
+    write_many = staticmethod(write_steps)

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 from tracealyze.format.parts import (
     COMPACT_FANOUT,
@@ -38,6 +37,7 @@ from tracealyze.format.parts import (
     write_parquet_atomic,
 )
 
+from .buffers import TableBuffer
 from .schema import TABLES
 
 SELF_REPORTED = frozenset({"step_values", "run_dir_deleted"})
@@ -45,155 +45,6 @@ SELF_REPORTED = frozenset({"step_values", "run_dir_deleted"})
 
 # A flush this close to due is done now rather than after one more (tiny) sleep.
 _FLUSH_SLACK_S = 0.01
-
-
-class Codes:
-    """A text column given as indices into a tuple of distinct values.
-
-    Parameter and module names repeat every step: a step's rows name the same tuple (the
-    very same object each step), so a batch of steps is one ``int32`` index array, and the
-    column becomes an Arrow dictionary without one Python string per row.
-    """
-
-    __slots__ = ("codes", "values")
-
-    def __init__(self, values: tuple[str, ...], codes: np.ndarray) -> None:
-        self.values = values
-        self.codes = codes
-
-    def __len__(self) -> int:
-        return len(self.codes)
-
-
-class TableBuffer:
-    """Rows of one table, held as raw column pieces until the next flush.
-
-    Appending is cheap (a list append per column); the conversion to Arrow — the
-    expensive part — happens once per flush, for all buffered rows at once.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.schema = TABLES[name]
-        self.cols: dict[str, list[Any]] = {f.name: [] for f in self.schema}
-        self.counts: list[int] = []
-        self.rows = 0
-        self.failed: list[pa.Table] = []  # converted rows whose write failed, oldest first
-        self.bad_rows = 0  # rows that could not be converted (dropped, counted)
-
-    def append(self, columns: dict[str, Any], n: int) -> None:
-        if not n:
-            return
-        for name, pieces in self.cols.items():
-            pieces.append(columns.get(name))
-        self.counts.append(n)
-        self.rows += n
-
-    def take(self) -> pa.Table | None:
-        """Everything buffered as one Arrow table (failed writes first). Rows that cannot be
-        converted are dropped one append at a time (counted in :attr:`bad_rows`), never the
-        whole buffer."""
-        tables = self.failed
-        self.failed = []
-        if self.counts:
-            try:
-                tables = [*tables, self._convert(self.cols, self.counts)]
-            except Exception:
-                tables = [*tables, *self._salvage()]
-            self.cols = {f.name: [] for f in self.schema}
-            self.counts = []
-        self.rows = 0
-        tables = [t for t in tables if t.num_rows]
-        if not tables:
-            return None
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables).unify_dictionaries()
-
-    def _convert(self, cols: dict[str, list[Any]], counts: list[int]) -> pa.Table:
-        arrays = [_column(cols[f.name], counts, f.type) for f in self.schema]
-        return pa.Table.from_arrays(arrays, schema=self.schema)
-
-    def _salvage(self) -> list[pa.Table]:
-        good = []
-        for i, n in enumerate(self.counts):
-            try:
-                good.append(self._convert({k: [v[i]] for k, v in self.cols.items()}, [n]))
-            except Exception:
-                self.bad_rows += n
-        return good
-
-    def put_back(self, table: pa.Table) -> None:
-        """Re-queue rows whose write failed, ahead of anything buffered since."""
-        self.failed.append(table)
-        self.rows += table.num_rows
-
-    def drop_oldest(self, keep_rows: int) -> int:
-        """Drop the oldest failed batches until at most keep_rows remain; rows dropped."""
-        dropped = 0
-        while self.failed and self.rows > keep_rows:
-            t = self.failed.pop(0)
-            self.rows -= t.num_rows
-            dropped += t.num_rows
-        return dropped
-
-
-def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
-    """One Arrow array from per-append pieces: numpy arrays, lists (None = null), or None
-    (column not given: all null). A NaN value stays NaN — a NaN loss is data, not a gap."""
-    if all(p is None for p in pieces):
-        return pa.nulls(sum(counts), type=typ)
-    if pa.types.is_dictionary(typ):
-        return _dictionary_column(pieces, counts, typ)
-    if pa.types.is_string(typ):
-        vals = np.concatenate([np.full(n, None, dtype=object) if p is None
-                               else np.asarray(p, dtype=object)
-                               for p, n in zip(pieces, counts, strict=True)])
-        return pa.array(vals, type=pa.string())
-    missing = np.fromiter((p is None for p in pieces), dtype=bool, count=len(pieces))
-    if not missing.any() and all(isinstance(p, np.ndarray) for p in pieces):
-        values = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-        mask = None
-    else:
-        # Loop only over the pieces that are there; absent ones stay zero and masked.
-        ends = np.cumsum(counts)
-        values = np.zeros(int(ends[-1]), dtype=np.float64)
-        mask = np.repeat(missing, counts)
-        for i in np.flatnonzero(~missing):
-            p, n, end = pieces[i], counts[i], int(ends[i])
-            if isinstance(p, np.ndarray):
-                values[end - n:end] = p
-            else:  # a list of Python values, None = null
-                values[end - n:end] = [0 if v is None else v for v in p]
-                mask[end - n:end] = [v is None for v in p]
-    if not pa.types.is_floating(typ):
-        values = values.astype(typ.to_pandas_dtype())
-    return pa.array(values, type=typ, mask=mask if mask is not None and mask.any() else None)
-
-
-def _dictionary_column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
-    """A dictionary-encoded text column from :class:`Codes`, lists of str/None, or None.
-
-    Each distinct tuple of values is mapped into the column's dictionary once (a lookup
-    table), and its codes translated with one NumPy take; only plain lists are walked."""
-    index: dict[str, int] = {}
-    luts: dict[int, np.ndarray] = {}  # id(values tuple) -> its codes in `index`
-    parts = []
-    for p, n in zip(pieces, counts, strict=True):
-        if p is None:
-            parts.append(np.full(n, -1, dtype=np.int32))
-        elif isinstance(p, Codes):
-            lut = luts.get(id(p.values))
-            if lut is None:
-                lut = luts[id(p.values)] = np.fromiter(
-                    (index.setdefault(v, len(index)) for v in p.values), np.int32,
-                    len(p.values))
-            parts.append(lut[p.codes])
-        else:
-            parts.append(np.fromiter((-1 if v is None else index.setdefault(str(v), len(index))
-                                      for v in p), np.int32, n))
-    codes = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    nulls = codes < 0
-    indices = pa.array(codes, mask=nulls if nulls.any() else None).cast(typ.index_type)
-    return pa.DictionaryArray.from_arrays(indices, pa.array(list(index), type=typ.value_type))
 
 
 class _Wakeup:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import anchors
 from ..findings import Finding
 from . import _stats
 from .base import Context
@@ -51,7 +52,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                 title=f"CUDA out-of-memory on rank {r}",
                 message=f"The CUDA allocator reported {ooms} OOM(s) on rank {r}, first at "
                         f"step {first_oom}.",
-                advice=DOC["fixes"], evidence=ev, chart="memory"))
+                advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
         elif retries and retries > th["max_retries"]:
             out.append(Finding(
                 id=ID, severity="warning", subject="cuda_alloc_retries",
@@ -61,12 +62,12 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                          f"{retries} allocation(s) on rank {r} (first at step {first_retry}); "
                          "each retry synchronises and slows the step."
                          + (f" Reserved/allocated ≈ {ratio:.1f}." if ratio else "")),
-                advice=DOC["fixes"], evidence=ev, chart="memory"))
+                advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
         elif ratio and gap and ratio > th["max_reserved_ratio"] and gap >= th["min_gap_bytes"]:
             out.append(Finding(
                 id=ID, severity="warning", subject="cuda_reserved_bytes", first_step=first,
                 title=f"CUDA memory fragmented on rank {r} (reserved {ratio:.1f}× allocated)",
                 message=(f"Rank {r} keeps {_stats.fmt_bytes(gap)} reserved but unallocated "
                          f"(median reserved/allocated {ratio:.1f})."),
-                advice=DOC["fixes"], evidence=ev, chart="memory"))
+                advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
     return out

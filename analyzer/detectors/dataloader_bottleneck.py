@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data
 from .base import Context
@@ -62,7 +63,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         message=(f"On rank {r}, {100 * share:.0f}% of the step time ({wait.sum():.1f} s of "
                  f"{dur.sum():.1f} s) was spent waiting for the next batch; median wait "
                  f"{1e3 * np.median(wait):.1f} ms per step of {1e3 * np.median(dur):.1f} ms."),
-        advice=DOC["fixes"], chart="step-time",
+        advice=DOC["fixes"], chart=anchors.STEP_TIME,
         evidence={"data_wait_share": share, "rank": r, "shares_by_rank": shares,
                   "median_wait_s": float(np.median(wait)),
                   "median_step_s": float(np.median(dur))})]

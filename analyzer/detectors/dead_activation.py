@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data
 from .base import Context
@@ -50,6 +51,6 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         title=f"Dead activations in {len(dead)} module(s)",
         message=(f"{len(dead)} module(s) output almost only zeros in the last part of the run; "
                  f"first {name}: {100 * z:.1f}% zeros."),
-        advice=DOC["fixes"], chart="activations",
+        advice=DOC["fixes"], chart=anchors.ACTIVATIONS,
         evidence={"modules": [n for _, n, _ in dead[:20]], "zero_frac": z,
                   "count": len(dead)})]

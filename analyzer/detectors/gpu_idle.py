@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import anchors
 from ..findings import Finding
 from ..gputime import gpu_time_breakdown, gpu_time_by_step
 
@@ -103,7 +104,7 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
                     + ("; communication dominates the busy time too: overlap it with compute "
                        "(DDP bucketing, FSDP prefetch)." if comm else ".")
                 ),
-                chart="gpu-time",
+                chart=anchors.GPU_TIME,
             )
         )
     return findings

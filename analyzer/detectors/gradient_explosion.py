@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data, _stats
 from .base import Context
@@ -135,7 +136,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     return [Finding(
         id=ID, severity="error", subject=subject, first_step=int(first),
         title=f"Gradient explosion from step {first}",
-        message=msg, advice=DOC["fixes"], chart="grad-heatmap",
+        message=msg, advice=DOC["fixes"], chart=anchors.GRAD_HEATMAP,
         evidence={"onset_step": main["onset"], "crossing_step": main["cross"],
                   "norm_at_onset": main["from"], "norm_at_crossing": main["to"],
                   "growth_per_step": main["per_step"], "max_norm": main["max"],

@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from .. import anchors
 from ..findings import Finding
 
 ID = "host_sync"
@@ -224,7 +225,7 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
                 "inside the step, and copy to the host with non_blocking=True into pinned "
                 "memory."
             ),
-            chart="profiler",
+            chart=anchors.PROFILER,
         ))
     return findings
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data, _stats
 from .base import Context
@@ -74,7 +75,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         message=(f"The loss reached its best smoothed level {best:.4g} at step "
                  f"{int(step[ib])}, then rose from about step {first} and {how} "
                  f"(started at {start:.4g}; Mann–Kendall z={z:.1f}, p={p:.1e})."),
-        advice=DOC["fixes"], chart="loss",
+        advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"best_loss": best, "best_step": int(step[ib]), "start_loss": start,
                   "end_loss": level, "rank": r, "mk_z": z, "p_value": p,
                   "ended_nonfinite": tail_nonfinite})]

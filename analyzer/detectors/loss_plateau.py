@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data, _stats
 from .base import Context
@@ -88,6 +89,6 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  f"loss stayed around {level:.4g} without a significant decrease (less than "
                  f"{100 * th['min_rel_decrease']:.0f}% or not significant)."
                  + (" The model does not seem to learn." if never else "")),
-        advice=DOC["fixes"], chart="loss",
+        advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),
                   "level": level, "rank": r})]

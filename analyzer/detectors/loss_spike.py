@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data, _stats
 from .base import Context
@@ -88,7 +89,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  f"{base[first]:.4g}); the largest at step {int(step[worst])} "
                  f"({loss[worst]:.4g} vs {base[worst]:.4g}, "
                  f"{resid[worst] / max(sigma, 1e-12):.3g} robust σ)."),
-        advice=DOC["fixes"], chart="loss",
+        advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
                   "first_loss": float(loss[first]), "first_local_median": float(base[first]),
                   "worst_step": int(step[worst]), "worst_loss": float(loss[worst]),

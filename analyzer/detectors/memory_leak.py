@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _stats
 from .base import Context
@@ -133,5 +134,5 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                      f"warm-up, Theil–Sen slope {_stats.fmt_bytes(res['slope'])}/step, "
                      f"Mann–Kendall p={res['p']:.1e}), rising since about step "
                      f"{res['first_step']}." + oom),
-            advice=DOC["fixes"], evidence=ev, chart="memory"))
+            advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
     return out

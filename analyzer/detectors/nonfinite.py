@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .. import anchors
 from ..findings import Finding
 from . import _data
 from .base import Context
@@ -126,4 +127,4 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         message=(f"Nonfinite values appeared at step {first}: {where}."
                  + (f" The loss went nonfinite at step {q['loss']}."
                     if q["loss"] is not None else "")),
-        advice=DOC["fixes"], evidence=ev, chart="grad-heatmap")]
+        advice=DOC["fixes"], evidence=ev, chart=anchors.GRAD_HEATMAP)]

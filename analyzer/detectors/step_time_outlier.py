@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data, _stats
 from .base import Context
@@ -89,7 +90,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  f"{1e3 * best['med']:.1f} ms (the slowest, step {int(best['steps'][i])}, "
                  f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
                  f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)."),
-        advice=DOC["fixes"], chart="step-time",
+        advice=DOC["fixes"], chart=anchors.STEP_TIME,
         evidence={"count": n, "outlier_steps": [int(s) for s in best["steps"][:20]],
                   "median_s": best["med"], "robust_sigma_s": best["sigma"],
                   "max_s": float(best["durs"][i]), "excess_s": best["excess"],

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data
 from .base import Context
@@ -90,7 +91,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         message=(f"Rank {r}'s median {what} is {1e3 * mine:.1f} ms vs {1e3 * theirs:.1f} ms "
                  f"on the other ranks (+{100 * rel:.0f}%), slower on "
                  f"{100 * consistent:.0f}% of {len(steps)} common steps."),
-        advice=DOC["fixes"], chart="step-time",
+        advice=DOC["fixes"], chart=anchors.STEP_TIME,
         evidence={"rank": r, "metric": what, "median_s": mine, "others_median_s": theirs,
                   "relative": rel, "consistency": consistent,
                   "stragglers": sorted({x[1] for x in found})})]

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 
 ID = "top_ops"
@@ -126,7 +127,7 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
         advice=("Optimise from the top of these lists: a GPU kernel that dominates is the "
                 "place for a better algorithm, precision (bf16/TF32) or fusion; a CPU op with "
                 "large self time is host overhead (fuse ops, torch.compile, CUDA graphs)."),
-        chart="profiler",
+        chart=anchors.PROFILER,
     )]
 
 

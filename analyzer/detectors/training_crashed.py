@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from .. import anchors
 from ..findings import Finding
 from .base import Context
 
@@ -75,7 +76,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             id=ID, severity="critical", subject=subject, first_step=first,
             title="Training crashed" + (f" ({subject})" if subject else ""),
             message=f"{what}; {_last(overall_last)}.",
-            advice=DOC["fixes"], evidence=ev, chart="events")]
+            advice=DOC["fixes"], evidence=ev, chart=anchors.EVENTS)]
     if status != "running":
         return []
     limit = float(th["stale_after_s"]) or run.stale_after_s
@@ -95,7 +96,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                      f"{run.heartbeat_age_s(r) or 0:.0f} s (limit {limit:.0f} s); "
                      f"{_last(last_step.get(r, overall_last))}."
                      + (f" Last signal: {signal}." if signal else "")),
-            advice=DOC["fixes"], evidence=ev, chart="events")]
+            advice=DOC["fixes"], evidence=ev, chart=anchors.EVENTS)]
     return [Finding(
         id=ID, severity="info", subject=None, first_step=overall_last,
         title="Run in progress",

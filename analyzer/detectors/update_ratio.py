@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data
 from .base import Context
@@ -79,7 +80,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                    + " (healthy ≈ 1e-3).")
         out.append(Finding(
             id=ID, severity="warning", subject=name, first_step=first, title=title,
-            message=msg, advice=DOC["fixes"], chart="update-ratio",
+            message=msg, advice=DOC["fixes"], chart=anchors.UPDATE_RATIO,
             evidence={"direction": which, "ratio": val, "tensors": [n for _, n in items[:20]],
                       "count": len(items), "tensors_total": total,
                       "log10_ratio": math.log10(val) if val > 0 else None}))

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import anchors
 from ..findings import Finding
 from . import _data
 from .base import Context
@@ -104,7 +105,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  + (f", {ratio:.2g} of its weight norm" if ratio is not None else "")
                  + (f", vs {math.exp(layer_med):.3g} for the median layer"
                     if layer_med is not None else "") + "."),
-        advice=DOC["fixes"], chart="grad-heatmap",
+        advice=DOC["fixes"], chart=anchors.GRAD_HEATMAP,
         evidence={"layers": [names[i] for i in bad[:20]], "layers_vanishing": len(bad),
                   "layers_total": len(names), "grad_norm": gnorm, "grad_weight_ratio": ratio,
                   "median_layer_grad_norm": math.exp(layer_med) if layer_med is not None

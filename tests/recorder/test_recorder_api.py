@@ -906,7 +906,7 @@ def test_planned_grad_norms_keep_names_and_parameter_order(run_dir: Path) -> Non
             expected[step] = {n: float(p.grad.norm()) for n, p in model.named_parameters()}
             opt.step()
             rec.step(loss=1.0)
-        plan = rec._grad_layout.plan
+        plan = rec._reader.layout.plan
         # The case this test is about: values out of parameter order.
         assert plan is not None and plan.order is not None
         assert list(plan.order) != list(range(len(names)))

@@ -58,13 +58,12 @@ def test_one_bad_event_loses_nothing_else(run_dir: Path) -> None:
         def __str__(self) -> str:
             return "weird"
 
-    with pytest.raises(RuntimeError, match="boom"):
-        with Recorder(run_dir, model=model, optimizer=opt,
-                      **{**FAST, "flush_interval_s": 60}) as rec:
-            rec.event("ckpt", "saved", severity="info")
-            rec.event("odd", 123, subject=42, severity="nonsense", n=Weird(), **{"k": {1, 2}})
-            rec.event(7, "kind is a number", subject=Weird())
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), Recorder(
+            run_dir, model=model, optimizer=opt, **{**FAST, "flush_interval_s": 60}) as rec:
+        rec.event("ckpt", "saved", severity="info")
+        rec.event("odd", 123, subject=42, severity="nonsense", n=Weird(), **{"k": {1, 2}})
+        rec.event(7, "kind is a number", subject=Weird())
+        raise RuntimeError("boom")
     by_kind = {e["kind"]: e for e in events(run_dir)}
     assert {"ckpt", "odd", "7", "exception"} <= set(by_kind)
     assert by_kind["odd"]["subject"] == "42" and by_kind["odd"]["message"] == "123"

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-import tracealyze.recorder.capture as capture_mod
-import tracealyze.recorder.recorder as recorder_mod
+import tracealyze.recorder.gradients as gradients_mod
+import tracealyze.recorder.rows as rows_mod
 import tracealyze.recorder.sampler as sampler_mod
 import tracealyze.recorder.writer as writer_mod
 from rec_helpers import (
@@ -213,8 +213,8 @@ def test_training_thread_errors_counted_once(run_dir: Path,
         raise RuntimeError("norms exploded")
 
     # Both the every-step plan and the checked path it falls back to.
-    monkeypatch.setattr(recorder_mod, "norms", broken_norms)
-    monkeypatch.setattr(recorder_mod.NormPlan, "__call__",
+    monkeypatch.setattr(gradients_mod, "norms", broken_norms)
+    monkeypatch.setattr(gradients_mod.NormPlan, "__call__",
                         lambda self, tensors: broken_norms(tensors))
     rec, model, opt = make(run_dir)
     steps(rec, model, opt, 4)
@@ -231,13 +231,13 @@ def test_training_thread_errors_counted_once(run_dir: Path,
 def test_full_queue_drops_and_counts_but_never_blocks(run_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
-    real_write = capture_mod.StepItem.write_many
+    real_write = rows_mod.StepItem.write_many
 
     def slow_write(w: Any, items: Any) -> None:
         release.wait(60)  # the writer is stuck until the loop has finished
         real_write(w, items)
 
-    monkeypatch.setattr(capture_mod.StepItem, "write_many", staticmethod(slow_write))
+    monkeypatch.setattr(rows_mod.StepItem, "write_many", staticmethod(slow_write))
     rec, model, opt = make(run_dir, queue_size=1)
     n = 20
     loop = threading.Thread(target=steps, args=(rec, model, opt, n), daemon=True)

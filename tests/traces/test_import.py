@@ -11,7 +11,8 @@ import pytest
 from trace_helpers import CPU_ONLY, NCCL_NS, ROCM, SAMPLED, X, con_over, table_of
 from tracealyze.analyzer.errors import TraceError
 from tracealyze.analyzer.gputime import gpu_time_breakdown
-from tracealyze.analyzer.traces import TRACE_EVENTS_SCHEMA, import_traces
+from tracealyze.analyzer.trace_import import import_traces
+from tracealyze.analyzer.traces import TRACE_EVENTS_SCHEMA
 
 
 def test_import_into_a_new_directory_makes_a_minimal_run(tmp_path: Path) -> None:

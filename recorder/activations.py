@@ -1,0 +1,93 @@
+"""Module outputs of a step: per-module NaN/Inf probes (every step, ``activation_nonfinite``)
+and full activation statistics at their cadence, gathered by forward hooks and joined into
+one piece each when the step is committed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .capture import Piece, StepAccum
+from .config import RecorderConfig
+from .gradients import due
+from .hooks import ActivationHooks, nonfinite_probes
+from .stats import FullStats
+
+# Module outputs recorded per step at most (a few forward passes of a large model).
+MAX_ACT_PIECES = 20_000
+
+
+class ActivationCapture:
+    """Forward hooks on every module of ``model``, feeding the step that ``current()``
+    returns. ``guard(where, fn, *args)`` runs recorder work that must never raise."""
+
+    def __init__(self, model: nn.Module, config: RecorderConfig, full: FullStats,
+                 current: Callable[[], StepAccum], guard: Callable[..., Any]) -> None:
+        self.config = config
+        self.full = full
+        self.current = current
+        self.guard = guard
+        self.hooks = ActivationHooks(model, self._on_activation, self._on_input,
+                                     probe=config.activation_nonfinite,
+                                     on_end=self._on_forward_end)
+
+    def next_step(self, step: int) -> None:
+        """Hook every module (statistics due at ``step``) or only those that can create a
+        NaN/Inf (probes only)."""
+        self.hooks.hook_all(due(self.config.activation_stats_every, step))
+
+    def remove(self) -> None:
+        self.hooks.remove()
+
+    def _on_activation(self, index: int, t: torch.Tensor) -> None:
+        cfg = self.config
+        acc = self.current()
+        if acc.act_seq >= MAX_ACT_PIECES:  # rec.step() not called for a long time: bound
+            return                         # the memory the open step holds
+        acc.act_seq += 1
+        name = self.hooks.names[index]
+        if cfg.activation_nonfinite:
+            acc.to_probe.append((name, t.numel(), acc.act_seq, t, t._version))
+        if due(cfg.activation_stats_every, acc.step):
+            acc.act_stats.append((name, t.numel(), acc.act_seq, self.full.one(t)))
+
+    def _on_input(self, t: torch.Tensor) -> None:
+        if self.config.activation_nonfinite:
+            self.current().to_probe.append(("<input>", t.numel(), 0, t, t._version))
+
+    def _on_forward_end(self) -> None:
+        self.guard("activation_probe", probe_outputs, self.current())
+
+
+def probe_outputs(acc: StepAccum) -> None:
+    """Probe the module outputs collected during the forward pass that just ended, all at
+    once, and drop the references (until then they keep those outputs alive)."""
+    if acc.to_probe:
+        names, numels, seqs, ts, versions = zip(*acc.to_probe, strict=True)
+        acc.to_probe = []
+        # An output modified in place after its module returned (ReLU(inplace=True),
+        # `out += x`, masked_fill_) is probed with its later values: flagged, so that it
+        # alone never raises a NaN alarm (host-side version counters, no device work).
+        late = tuple(t._version != v for t, v in zip(ts, versions, strict=True))
+        acc.probes.append((names, numels, seqs, late, nonfinite_probes(list(ts))))
+
+
+def join_pieces(acc: StepAccum) -> None:
+    """At commit: the step's NaN probes and activation statistics, in forward-completion
+    order, as one piece each (one stack/cat here instead of a piece per module)."""
+    if acc.to_probe:  # a forward whose model call did not return (or a submodule)
+        probe_outputs(acc)
+    if acc.probes:
+        blocks = acc.probes
+        if len(blocks) == 1:  # one forward pass
+            names, numels, seqs, late, vec = blocks[0]
+        else:  # micro-batches: one block per forward pass
+            names, numels, seqs, late = (sum((b[k] for b in blocks), ()) for k in range(4))
+            vec = torch.cat([b[4] for b in blocks])
+        acc.add(Piece("act_nf", len(names), names, numels, seqs, late=late), vec)
+    if acc.act_stats:
+        names, numels, seqs, vals = zip(*acc.act_stats, strict=True)
+        acc.add(Piece("activation", 8 * len(vals), names, numels, seqs), torch.cat(vals))

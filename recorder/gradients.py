@@ -1,0 +1,131 @@
+"""Reading the gradients and weights of one step: per-parameter norms (one batched
+reduction), full statistics at their cadence, update ratios. No host-device sync: what is
+computed here stays on the device until the step's one copy (capture.pack)."""
+
+from __future__ import annotations
+
+from itertools import compress
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import stats
+from .capture import Piece, StepAccum
+from .config import RecorderConfig
+from .stats import FullStats, NormPlan, norms
+
+
+def due(every: int, step: int) -> bool:
+    """Whether a feature with cadence ``every`` (0 = off) runs at ``step``."""
+    return every > 0 and step % every == 0
+
+
+class GradLayout:
+    """What is known about one set of parameters with gradients, worked out once (per-tensor
+    checks are a Python loop: never per step). Sparse gradients are left out. ``piece``
+    labels norms in parameter order (the checked path); ``plan_piece`` labels the plan's
+    output order, and its ``seqs`` give each value's parameter position, so the writer can
+    still name the first parameter (in parameter order) whose gradient went nonfinite."""
+
+    def __init__(self, named: list[tuple[str, nn.Parameter]], grads: list[Any],
+                 present: list[bool]) -> None:
+        self.present = present
+        keep = [ok and not g.is_sparse for g, ok in zip(grads, present, strict=True)]
+        self.select = None if all(keep) else keep
+        # The same tuple object every step: rows.Codes maps it to codes once.
+        self.names = tuple(compress((n for n, _ in named), keep))
+        grads = list(compress(grads, keep))
+        self.piece = Piece("grad_norms", len(grads), self.names)
+        self.plan = NormPlan(grads) if stats.uniform(grads) else None
+        order = self.plan.order if self.plan is not None else None
+        self.plan_piece = self.piece if order is None else Piece(
+            "grad_norms", len(grads), tuple(self.names[i] for i in order), seqs=order)
+
+
+class GradReader:
+    """The gradient side of a step for one model's ``named_parameters()``."""
+
+    def __init__(self, named_params: list[tuple[str, nn.Parameter]], config: RecorderConfig,
+                 full: FullStats) -> None:
+        self.named = named_params
+        self.params = [p for _, p in named_params]
+        self.config = config
+        self.full = full
+        self.layout: GradLayout | None = None
+        self.snapshot: list[torch.Tensor] | None = None
+
+    def signature(self) -> tuple[int, int] | None:
+        """Identity and in-place version of the first gradient: changes with every backward
+        pass (a new tensor after zero_grad(set_to_none=True), a version bump when
+        accumulating into an existing one). One attribute read, no device work."""
+        for p in self.params:
+            g = p.grad
+            if g is not None:
+                return id(g), g._version
+        return None
+
+    def _grads(self) -> tuple[list[torch.Tensor], GradLayout]:
+        # One pass over the parameters collecting .grad references (a host-side attribute
+        # read each, no device work). Which parameters have one (frozen ones have none) is
+        # compared as a list of flags; everything else about that set is worked out once.
+        grads = [p.grad for p in self.params]
+        present = [g is not None for g in grads]
+        layout = self.layout
+        if layout is None or layout.present != present:
+            self.layout = layout = GradLayout(self.named, grads, present)
+        if layout.select is not None:  # frozen parameters, sparse gradients
+            grads = list(compress(grads, layout.select))
+        return grads, layout
+
+    def _norms(self, grads: list[torch.Tensor], layout: GradLayout
+               ) -> tuple[Piece, torch.Tensor]:
+        """Per-parameter gradient norms as a piece and its device vector: the layout's cached
+        plan when it was found uniform (one device, fp16/bf16/fp32), else the checked path.
+        Values come in the plan's order, labelled by the cached names."""
+        if layout.plan is not None:
+            try:
+                return layout.plan_piece, layout.plan(grads)
+            except RuntimeError:  # dtype/device changed under the same names: re-check
+                self.layout = None
+        return layout.piece, norms(grads)
+
+    def capture(self, acc: StepAccum) -> None:
+        """Attach this step's gradient (and weight) statistics that are due to ``acc``."""
+        acc.grads_captured = True
+        cfg = self.config
+        if not self.named:
+            return
+        norms_due = due(cfg.grad_norm_every, acc.step)
+        stats_due = due(cfg.tensor_stats_every, acc.step)
+        if norms_due or stats_due:
+            grads, layout = self._grads()
+            if grads:
+                if norms_due:
+                    acc.add(*self._norms(grads, layout))
+                if stats_due:
+                    acc.add(Piece("grad", len(grads) * 8, layout.names,
+                                  tuple(g.numel() for g in grads)), self.full(grads))
+        if due(cfg.param_stats_every, acc.step):
+            ps = [p.detach() for p in self.params]
+            acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self.named),
+                          tuple(p.numel() for p in ps)), self.full(ps))
+
+    def snapshot_params(self, step: int) -> None:
+        """Before the optimizer step: a copy of the trainable parameters at the update-ratio
+        cadence (debug only), so the update is new - old afterwards."""
+        if due(self.config.update_ratio_every, step):
+            params = [p.detach() for p in self.params if p.requires_grad]
+            self.snapshot = torch._foreach_mul(params, 1.0) if params else None
+
+    def update_ratio(self, acc: StepAccum) -> None:
+        """After the optimizer step: ‖update‖ and ‖weight‖ per parameter, into ``acc``."""
+        old, self.snapshot = self.snapshot, None
+        if old is None:
+            return
+        pairs = [(n, p.detach()) for n, p in self.named if p.requires_grad]
+        new = [p for _, p in pairs]
+        delta = torch._foreach_sub(new, old)
+        m = torch.stack([norms(delta), norms(new)], dim=1)
+        acc.add(Piece("update", len(new) * 2, tuple(n for n, _ in pairs),
+                      tuple(p.numel() for p in new)), m)

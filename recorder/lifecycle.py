@@ -1,0 +1,226 @@
+"""The step lifecycle of a :class:`~tracealyze.recorder.Recorder`.
+
+A recorded step is one optimizer step. Four public calls mark its phases; a plain loop needs
+only ``rec.step()`` (and ``wrap_loader``), because the recorder drives the others from hooks on
+the optimizer (and on ``GradScaler.unscale_``). A framework integration, or a loop without a
+``torch.optim`` optimizer, drives them itself, in this order, once per optimizer step:
+
+1. :meth:`StepLifecycle.data_wait_ended` — the batch arrived after waiting ``seconds``
+   (``wrap_loader`` calls it);
+2. :meth:`StepLifecycle.gradients_ready` — backward (all micro-batches) and any unscaling are
+   done and the optimizer has not changed the weights yet: gradients are read now (the
+   optimizer pre-hook calls it);
+3. :meth:`StepLifecycle.optimizer_stepped` — the weights were updated (optimizer post-hook);
+4. :meth:`StepLifecycle.step_ended` — the step is over: loss, lr and metrics are attached and
+   the step is committed (``rec.step()`` is this call). Called several times before the
+   optimizer steps (gradient accumulation), the calls are folded into one step.
+
+Each call is cheap, never syncs with the device, and never raises.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from .activations import join_pieces
+from .capture import StepAccum, pack
+from .gradients import due
+from .hooks import is_compiling
+from .rows import StepItem
+
+
+class StepLifecycle:
+    """The lifecycle half of the Recorder (state is set up by ``Recorder.__init__``)."""
+
+    # Set by Recorder.__init__ (declared for readers and type checkers).
+    _closed: bool
+    _acc: StepAccum
+    _pending: StepAccum | None
+    _pending_sig: tuple[int, int] | None
+
+    def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
+             **metrics: Any) -> None:
+        """End one recorded step (:meth:`step_ended`). Values may be Python numbers or
+        tensors on any device; tensors are read later, without a host-device sync.
+        ``lr`` defaults to the optimizer's first param group."""
+        if self._closed or is_compiling():
+            return
+        self._guard("step", self._step_ended, loss, step, lr, metrics)
+
+    def step_ended(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
+                   **metrics: Any) -> None:
+        """Lifecycle 4: the step is over. Same as :meth:`step`."""
+        self.step(loss, step=step, lr=lr, **metrics)
+
+    def data_wait_ended(self, seconds: float) -> None:
+        """Lifecycle 1: the open step waited ``seconds`` for its data (added up over
+        micro-batches; recorded as ``data_wait_s``)."""
+        if not self._closed:
+            acc = self._acc
+            acc.data_wait_s += seconds
+            acc.waited = True
+
+    def gradients_ready(self) -> None:
+        """Lifecycle 2: gradients are final for this optimizer step and the weights are not
+        updated yet: read the gradient statistics that are due (and copy the weights at the
+        update-ratio cadence). Idempotent within a step."""
+        if self._closed or is_compiling():
+            return
+        self._guard("gradients_ready", self._before_update)
+
+    def optimizer_stepped(self) -> None:
+        """Lifecycle 3: the optimizer updated the weights (update ratios; a step whose
+        :meth:`step_ended` came first is committed now)."""
+        if self._closed or is_compiling():
+            return
+        self._guard("optimizer_stepped", self._after_update)
+
+    def _step_ended(self, loss: Any, step: int | None, lr: Any,
+                    metrics: dict[str, Any]) -> None:
+        with self._lock:
+            acc = self._acc
+            now = time.time()
+            pending = self._pending
+            if pending is not None:
+                if pending.grads_captured:
+                    # Gradients read: fold this call in only if the optimizer stepped in the
+                    # middle of the cycle's last micro-batch (`backward(); opt.step();
+                    # rec.step()`); otherwise (e.g. a step the GradScaler skipped, so no
+                    # post-hook came) the pending step is complete as it is.
+                    fold = pending.await_last
+                else:
+                    # rec.step() again before the optimizer stepped: a micro-batch of
+                    # gradient accumulation if a backward ran in between (fold it: a
+                    # recorded step is an optimizer step); else a step without an optimizer
+                    # step (evaluation, a skipped step), complete as it is.
+                    fold = self._reader.signature() != self._pending_sig
+                if fold:
+                    acc = pending
+                    acc.fold(self._acc)
+                    self._pending_sig = self._reader.signature()
+                else:
+                    self._commit(pending)
+                    self._pending = None
+            if step is not None:
+                acc.step = int(step)
+            bad = [] if acc.add_scalar("loss", loss) else [("loss", loss)]
+            if lr is None and self.optimizer is not None:
+                lr = self.optimizer.param_groups[0].get("lr")
+            if lr is not None and not acc.has("lr") and not acc.add_scalar("lr", lr):
+                bad.append(("lr", lr))
+            for name, value in metrics.items():
+                if not acc.add_scalar("metric", value, metric=str(name)):
+                    bad.append((str(name), value))
+            if bad:
+                self._drop_values(acc.step, bad)
+            if self.scaler is not None:
+                acc.scaler = True
+                if not acc.has("loss_scale"):  # unscale_ was not called: read it now
+                    self._capture_scale(acc)
+            acc.ended = now
+            acc.duration_s = now - self._last_end
+            self._last_end = now
+            self._acc = StepAccum(step=acc.step + 1)
+            if self._act is not None and self.config.activation_stats_every:
+                self._act.next_step(self._acc.step)
+            if acc.grads_captured or (self.optimizer is None and self.scaler is None):
+                if not acc.grads_captured:
+                    self._reader.capture(acc)  # no optimizer: gradients are read here
+                self._pending = None
+                self._commit(acc)
+            else:
+                # Optimizer given but it has not stepped yet (rec.step() before opt.step()):
+                # its hooks attach the gradients (and update ratios), then commit.
+                self._pending = acc
+                self._pending_sig = self._reader.signature()
+            if self._profiler is not None:
+                self._profiler.after_step()
+                self._profiler.before_step(self._acc.step)
+
+    def _drop_values(self, step: int, bad: list[tuple[str, Any]]) -> None:
+        """rec.step() values that are not numbers: dropped one by one (the step and its number
+        stay), counted as dropped ``step_values``, reported once."""
+        self._writer.dropped["step_values"] += len(bad)
+        if "step_values" in self._error_kinds:
+            return
+        self._error_kinds.add("step_values")
+        name, value = bad[0]
+        what = f"{type(value).__name__} {str(value)[:60]!r}"
+        print(f"tracealyze: rec.step() value {name}={what} is not a number; dropped (the step "
+              "is kept; further bad values are only counted)", file=sys.stderr)
+        self.event("dropped_data", f"rec.step() value {name!r} is not a real number ({what}); "
+                   "it was dropped, the step kept", severity="warning", subject=name,
+                   step_values=len(bad))
+
+    def _hook_target(self) -> StepAccum:
+        """The step an optimizer/scaler hook belongs to: the pending one when rec.step()
+        came first, else the open one."""
+        return self._pending if self._pending is not None else self._acc
+
+    def _gradients_ready(self) -> None:
+        with self._lock:
+            target = self._hook_target()
+            if not target.grads_captured:
+                self._reader.capture(target)
+                if target is self._pending:
+                    # A backward ran after the last rec.step(): that micro-batch's
+                    # rec.step() is still to come and belongs to this optimizer step.
+                    target.await_last = self._reader.signature() != self._pending_sig
+
+    def _before_update(self) -> None:
+        self._gradients_ready()
+        if self.config.update_ratio_every:
+            self._reader.snapshot_params(self._hook_target().step)
+
+    def _after_update(self) -> None:
+        if self._reader.snapshot is not None:
+            self._guard("optimizer_hook", self._reader.update_ratio, self._hook_target())
+        pending = self._pending
+        if pending is None or not pending.grads_captured or pending.await_last:
+            return  # rec.step() came after opt.step() (the usual order): it commits
+        with self._lock:
+            if self._pending is pending:
+                self._pending = None
+                self._commit(pending)
+
+    def _capture_scale(self, acc: StepAccum | None = None) -> None:
+        if self._amp is not None:
+            self._amp.capture_scale(acc if acc is not None else self._hook_target())
+
+    # The optimizer hooks run right after backward and right after the optimizer step, when
+    # the interpreter's caches are cold: each Python call there costs several times what it
+    # does in a loop. So each hook is one guarded call that checks what is due first.
+    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():  # a compiled optimizer step: telemetry must not break the graph
+            return
+        try:
+            self._before_update()
+        except Exception as exc:
+            self._count_error("optimizer_hook", exc)
+
+    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return
+        try:
+            self._after_update()
+        except Exception as exc:
+            self._count_error("optimizer_hook", exc)
+
+    def _commit(self, acc: StepAccum) -> None:
+        join_pieces(acc)
+        host, event = pack(acc)
+        memory = due(self.config.memory_every, acc.step)
+        item = StepItem(
+            step=acc.step, time=acc.ended or time.time(), duration_s=acc.duration_s,
+            data_wait_s=acc.data_wait_s if acc.waited else None,
+            floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
+            scaler=acc.scaler, memory=memory, probe=self._probe,
+            rss=self._probe.rss() if memory else None, nonfinite_state=self._nonfinite_state,
+            store_grad_norms=self.config.store_grad_norms,
+        )
+        self._next_step = acc.step + 1
+        self._rundir.step_committed()
+        self._writer.submit(item, "steps")
+

@@ -1,0 +1,103 @@
+"""The shape of the code: no import cycle anywhere (every import counts, lazy and
+TYPE_CHECKING ones included), small modules, and the format module free of torch and duckdb."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = {"format": "tracealyze.format", "recorder": "tracealyze.recorder",
+            "analyzer": "tracealyze.analyzer", "templates": "tracealyze.templates"}
+MAX_LINES = 400
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for folder, pkg in PACKAGES.items():
+        for f in sorted((REPO / folder).rglob("*.py")):
+            rel = f.relative_to(REPO / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every tracealyze module ``name`` imports (anywhere in the file)."""
+    is_pkg = path.name == "__init__.py"
+    base = name if is_pkg else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                mod = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def test_import_graph_is_acyclic() -> None:
+    mods = modules()
+    known = set(mods)
+    graph = {m: imports_of(m, p, known) for m, p in mods.items()}
+    # a package's __init__ importing its own submodules is not a cycle of code
+    for m in graph:
+        graph[m] = {t for t in graph[m] if not m.startswith(t + ".")}
+    assert sum(len(v) for v in graph.values()) > 50  # the parser sees the imports
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle = [*stack[stack.index(t):], t]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_the_parser_finds_a_cycle(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from .b import x\n")
+    b.write_text("if TYPE_CHECKING:\n    from .a import y\n")
+    known = {"p.a", "p.b"}
+    assert imports_of("p.a", a, known) == {"p.b"} and imports_of("p.b", b, known) == {"p.a"}
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_module_is_small(name: str) -> None:
+    n = len(modules()[name].read_text().splitlines())
+    assert n <= MAX_LINES, f"{name} has {n} lines (at most {MAX_LINES}: split it by job)"
+
+
+def test_format_imports_neither_torch_nor_duckdb() -> None:
+    code = ("import sys, tracealyze.format.parts, tracealyze.format.runmeta, "
+            "tracealyze.format.schema\n"
+            "bad = sorted(m for m in ('torch', 'duckdb', 'pyarrow', 'jinja2', 'click') "
+            "if m in sys.modules)\nprint(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == ""
