@@ -50,6 +50,10 @@ class RecorderConfig:
     """Steps recorded per profiler window."""
     profile_max_windows: int = 5
     """Stop profiling after this many windows (traces are large)."""
+    profile_quiet: bool = False
+    """Silence Kineto's ``USDT ... profiler_start/stop`` console lines at each window by
+    setting ``KINETO_LOG_LEVEL=6`` (unless the user set it) before the first window. Off by
+    default: Kineto logs USDT above ERROR, so this hides Kineto's error lines too."""
     anomaly_mode: bool = False
     """Turn on torch.autograd anomaly detection (slow: for debugging only)."""
     flush_interval_s: float = 10.0

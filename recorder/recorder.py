@@ -120,6 +120,10 @@ class Recorder(StepLifecycle):
             self._sampler.start()
         self._profiler = None
         if self.config.profile_start > 0 or self.config.profile_every > 0:
+            if self.config.profile_quiet:
+                # Read once, when Kineto first starts: before the first window. Level 6 is
+                # above USDT (5), which is above ERROR (4): no finer setting exists.
+                os.environ.setdefault("KINETO_LOG_LEVEL", "6")
             self._profiler = ProfilerSchedule(
                 start=self.config.profile_start, every=self.config.profile_every,
                 warmup=self.config.profile_warmup, active=self.config.profile_active,

@@ -8,7 +8,7 @@ from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.findings import severity_rank
 from tracealyze.analyzer.summary import build_summary
 
-from tests.runfactory import make_run, truncate_part
+from tests.runfactory import make_run, truncate_part, write_part
 
 GiB = 1 << 30
 
@@ -353,3 +353,26 @@ def test_training_killed_stale_heartbeat_vs_in_progress(tmp_path):
     (g,) = found(live, "training_crashed")
     assert g["severity"] == "info"
     assert found(make_run(tmp_path, name="c", steps=40), "training_crashed") == []
+
+
+def test_step_time_outlier_on_a_machine_busy_with_other_work(tmp_path):
+    """Slow steps while other processes kept the machine's CPUs busy (system table): said
+    so, and an info, not a warning about the training."""
+    d = np.full(200, 0.1)
+    d[[50, 51, 120]] = 3.0
+    run = make_run(tmp_path, steps=200, duration=d, system=True)
+    with open_run(run) as r:
+        times = dict(r.query("SELECT step, time FROM steps")[1])
+    sys_dir = run / "system" / "rank=0"
+    for p in sys_dir.glob("*.parquet"):
+        p.unlink()
+    t0 = times[0] - 1
+    samples = np.arange(t0, times[199] + 1, 0.5)
+    busy = np.zeros(len(samples), bool)
+    for s in (50, 51, 120):
+        busy |= (samples >= times[s] - 3.5) & (samples <= times[s] + 0.5)
+    write_part(run, "system", 0, {"time": samples,
+                                  "cpu_percent": np.where(busy, 97.0, 30.0).astype(np.float32)})
+    (f,) = found(run, "step_time_outlier")
+    assert f["severity"] == "info" and "busy with other work" in f["message"]
+    assert f["evidence"]["machine_cpu_pct_during"] > 80
