@@ -453,7 +453,7 @@ def run_crash(run_dir: str | os.PathLike[str], *, seed: int = 0, steps: int = 20
 
 
 def run_step_time_outliers(run_dir: str | os.PathLike[str], *, seed: int = 0,
-                           steps: int = 260, stall_s: float = 0.08, **knobs: Any) -> Path:
+                           steps: int = 260, stall_s: float = 0.3, **knobs: Any) -> Path:
     """A few steps stall for stall_s (a synchronous checkpoint write, a GC pause)."""
 
     def after(i: int, x: torch.Tensor, out: torch.Tensor, loss: torch.Tensor) -> None:

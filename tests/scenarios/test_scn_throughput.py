@@ -28,10 +28,10 @@ def test_stalled_steps_are_outliers(tmp_path: Path) -> None:
     if out["evidence"]["count"] <= len(listed):
         assert set(S.SLOW_STEPS) <= set(listed), out["evidence"]
     # The finding starts no later than the first injected stall (the machine's own
-    # occasional scheduling stalls may come earlier), and the injected 80 ms stalls are the
-    # worst steps of the run.
+    # occasional scheduling stalls may come earlier), and the injected 0.3 s stalls (1.2 s in
+    # all: past min_excess_s, so worth a warning) are the worst steps of the run.
     assert out["first_step"] <= S.SLOW_STEPS[0]
-    assert out["evidence"]["max_s"] >= 0.07
+    assert out["evidence"]["max_s"] >= 0.28
     if not checks.host_contended(run):
         assert out["severity"] == "warning"
     checks.assert_only(summary, run, {"step_time_outlier"})
