@@ -14,6 +14,7 @@ from tracealyze.analyzer.cli import main
 from tracealyze.analyzer.schema import TABLE_NAMES, columns
 from tracealyze.analyzer.summary import build_summary
 
+from tests.analyzer.cli_helpers import bad
 from tests.runfactory import listing, make_run, truncate_part, write_part, write_run_json
 
 
@@ -25,15 +26,6 @@ def runner() -> CliRunner:
 @pytest.fixture
 def run(tmp_path):
     return make_run(tmp_path, steps=60, tensors=4, parts=2)
-
-
-def bad(result) -> str:
-    """Assert exit 2 with exactly one line on stderr and no traceback; return that line."""
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip().splitlines()
-    assert len(err) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return err[0]
 
 
 # ---------------------------------------------------------------- catalog

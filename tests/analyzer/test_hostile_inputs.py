@@ -15,6 +15,7 @@ from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.cli import main
 from tracealyze.analyzer.summary import build_summary
 
+from tests.analyzer.cli_helpers import bad
 from tests.runfactory import make_run, write_run_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,14 +25,6 @@ SAMPLED = REPO.parent / "shared" / "traces" / "gpu_sampled_rank0.json.gz"
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()
-
-
-def bad(result) -> str:
-    assert result.exit_code == 2, result.output
-    err = result.stderr.strip().splitlines()
-    assert len(err) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return err[0]
 
 
 def _trace(path: Path, **extra) -> Path:
