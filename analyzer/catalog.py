@@ -214,13 +214,13 @@ def _validate(files: list[Path], skipped: list[tuple[Path, str]],
     return good
 
 
-# The rank of a part is its folder's (``rank=<r>``), whatever a file holds: schema_version 2
-# files have no rank column, version 1 files repeat the folder's.
-_RANK_EXPR = r"CAST(regexp_extract(filename, '[\\/]rank=([0-9]+)[\\/][^\\/]*$', 1) AS INTEGER)"
-
-
 def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
-    """SELECT of ``table``'s columns (in schema order, typed) over ``parts``."""
+    """SELECT of ``table``'s columns (in schema order, typed) over ``parts``.
+
+    The rank of a part is its folder's (``rank=<r>``), whatever a file holds: schema_version
+    2 files have no rank column, version 1 files repeat the folder's. One scan per rank with
+    the rank as a constant: no per-row expression on the file name (20.6M rows: 3.4 s
+    against 4.3 s)."""
     spec = TABLES[table]
     if not parts:
         cols = ", ".join(f"CAST(NULL AS {DUCKDB_TYPES[t]}) AS {c}" for c, t in spec)
@@ -230,13 +230,12 @@ def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
     for _, schema in parts:
         for field in schema:
             present.setdefault(field.name, set()).add(_arrow_to_logical(field.type))
-            if (field.name not in dict(spec) and field.name not in extra
-                    and field.name != "filename"):
+            if field.name not in dict(spec) and field.name not in extra:
                 extra.append(field.name)
     exprs = []
     for c, t in spec:
         if c == "rank":
-            exprs.append(f"{_RANK_EXPR} AS rank")
+            exprs.append("{rank} AS rank")
         elif c not in present:
             exprs.append(f"CAST(NULL AS {DUCKDB_TYPES[t]}) AS {c}")
         elif present[c] == {t}:
@@ -244,10 +243,16 @@ def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
         else:
             exprs.append(f'CAST("{c}" AS {DUCKDB_TYPES[t]}) AS {c}')
     exprs += [f'"{c}"' for c in extra]
-    file_list = ", ".join(_sql_str(str(p)) for p, _ in parts)
+    select = ", ".join(exprs)
     same = len({s.remove_metadata() for _, s in parts}) == 1
-    opts = "hive_partitioning=false, filename=true" + ("" if same else ", union_by_name=true")
-    return f"SELECT {', '.join(exprs)} FROM read_parquet([{file_list}], {opts})"
+    opts = "hive_partitioning=false" + ("" if same else ", union_by_name=true")
+    by_rank: dict[int, list[Path]] = {}
+    for p, _ in parts:
+        by_rank.setdefault(rank_of(p.parent.name) or 0, []).append(p)
+    return " UNION ALL ".join(
+        f"SELECT {select.format(rank=f'CAST({r} AS INTEGER)')} FROM read_parquet("
+        f"[{', '.join(_sql_str(str(p)) for p in files)}], {opts})"
+        for r, files in sorted(by_rank.items()))
 
 
 def _load_raw_traces(run: Run) -> Any:
