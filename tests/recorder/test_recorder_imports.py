@@ -43,3 +43,15 @@ def test_forbidden_modules_are_detectable(tmp_path: Path) -> None:
     proc = run_script(script, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_recorder_without_torch_says_how_to_install_it() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    import tracealyze.recorder\n"
+            "except ImportError as e:\n    print('ERR', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("ERR") and "needs PyTorch" in out and "tracealyze[torch]" in out
