@@ -26,34 +26,35 @@ def _series(ctx: ReportContext, kind: str, value: str, order: str) -> dict[str, 
     return out
 
 
-def activations_chart(ctx: ReportContext) -> Chart | None:
-    series = _series(ctx, "activation", "zero_frac", "avg(zero_frac) DESC, name")
+def _chart(ctx: ReportContext, anchor: str, series: dict[str, tuple], *, title: str,
+           ytitle: str, value: str, yaxis: dict, caption: str) -> Chart | None:
+    """One line per tensor, with the findings that link to ``anchor`` marked."""
     if not series:
         return None
-    shapes, notes = finding_markers(ctx.findings, ACTIVATIONS)
+    shapes, notes = finding_markers(ctx.findings, anchor)
     traces = [line(x, y, short(name, 40), PALETTE[i % len(PALETTE)],
-                   hover=f"{short(name, 60)}<br>step %{{x}}<br>zeros %{{y:.1%}}<extra></extra>")
+                   hover=f"{short(name, 60)}<br>step %{{x}}<br>{value}<extra></extra>")
               for i, (name, (x, y)) in enumerate(series.items())]
-    fig = figure(traces, xtitle="step", ytitle="share of exact zeros in the output",
-                 yaxis={"range": [0, 1.02]}, shapes=shapes, annotations=notes)
-    return Chart(ACTIVATIONS, "Dead activations", fig,
-                 f"Modules whose outputs are most often exactly zero (top {len(series)}), at "
-                 "the activation-statistics cadence.", wide=False)
+    fig = figure(traces, xtitle="step", ytitle=ytitle, yaxis=yaxis, shapes=shapes,
+                 annotations=notes)
+    return Chart(anchor, title, fig, caption, wide=False)
+
+
+def activations_chart(ctx: ReportContext) -> Chart | None:
+    series = _series(ctx, "activation", "zero_frac", "avg(zero_frac) DESC, name")
+    return _chart(ctx, ACTIVATIONS, series, title="Dead activations",
+                  ytitle="share of exact zeros in the output", value="zeros %{y:.1%}",
+                  yaxis={"range": [0, 1.02]},
+                  caption=f"Modules whose outputs are most often exactly zero (top "
+                          f"{len(series)}), at the activation-statistics cadence.")
 
 
 def update_ratio_chart(ctx: ReportContext) -> Chart | None:
-    series = _series(ctx, "update", "ratio", "abs(log10(greatest(avg(ratio), 1e-30)) + 3) "
-                     "DESC, name")
-    if not series:
-        return None
-    shapes, notes = finding_markers(ctx.findings, UPDATE_RATIO)
-    traces = [line(x, y, short(name, 40), PALETTE[i % len(PALETTE)],
-                   hover=f"{short(name, 60)}<br>step %{{x}}<br>ratio %{{y:.3g}}<extra></extra>")
-              for i, (name, (x, y)) in enumerate(series.items())]
-    fig = figure(traces, xtitle="step", ytitle="‖update‖ / ‖weight‖", yaxis={"type": "log"},
-                 shapes=shapes, annotations=notes)
-    return Chart(UPDATE_RATIO, "Update / weight ratio", fig,
-                 "Parameters furthest from the usual ~1e-3 per step (log scale).", wide=False)
+    series = _series(ctx, "update", "ratio",
+                     "abs(log10(greatest(avg(ratio), 1e-30)) + 3) DESC, name")
+    return _chart(ctx, UPDATE_RATIO, series, title="Update / weight ratio",
+                  ytitle="‖update‖ / ‖weight‖", value="ratio %{y:.3g}", yaxis={"type": "log"},
+                  caption="Parameters furthest from the usual ~1e-3 per step (log scale).")
 
 
 def tensor_charts(ctx: ReportContext) -> list[Chart]:

@@ -242,8 +242,11 @@ def _read(paths: list[Path], schema: Any) -> Iterator[Any]:
         yield t.select(schema.names).cast(schema) if t.schema != schema else t
 
 
-def _merge(folder: Path, group: list[tuple[int, int, Path]], schema: Any) -> int:
+def _merge(folder: Path, group: list[tuple[int, int, Path]], table: str) -> int:
     """Merge ``group`` (consecutive data files) into one part; files removed."""
+    from .schema import arrow_schema
+
+    schema = arrow_schema(table)
     first, last = group[0][0], max(b for _, b, _ in group)
     final = folder / merged_name(first, last)
     # Streamed one part at a time: memory stays bounded by the largest part.
@@ -276,9 +279,6 @@ def compact(folder: Path, table: str, *, fanout: int = COMPACT_FANOUT,
     ``fanout`` merged parts become one when their sizes are within 8x of each other (or
     when there are twice that many, whatever their sizes), so the count stays logarithmic.
     """
-    from .schema import arrow_schema
-
-    schema = arrow_schema(table)
     kept, covered = top_level(folder)
     for p in covered:  # left by a kill between an earlier merge's rename and its deletes
         try:
@@ -286,12 +286,12 @@ def compact(folder: Path, table: str, *, fanout: int = COMPACT_FANOUT,
         except OSError:
             pass
     if final:
-        return _merge(folder, kept, schema) if len(kept) > 1 else 0
+        return _merge(folder, kept, table) if len(kept) > 1 else 0
     removed = 0
     merged_end = max((b for a, b, _ in kept if a != b), default=-1)
     singles = [k for k in kept if k[0] == k[1] and k[0] > merged_end]
     if len(singles) >= fanout:
-        removed += _merge(folder, singles, schema)
+        removed += _merge(folder, singles, table)
         kept, _ = top_level(folder)
     while True:
         merged = [k for k in kept if k[0] != k[1]]
@@ -301,5 +301,5 @@ def compact(folder: Path, table: str, *, fanout: int = COMPACT_FANOUT,
         sizes = [_size(p) for _, _, p in tail]
         if len(merged) < 2 * fanout and max(sizes) > 8 * max(1, min(sizes)):
             return removed
-        removed += _merge(folder, tail, schema)
+        removed += _merge(folder, tail, table)
         kept, _ = top_level(folder)

@@ -23,14 +23,14 @@ class ScalerHook:
     def __init__(self, scaler: Any, on_unscaled: Callable[[], None]) -> None:
         self.scaler = scaler
         original = scaler.unscale_
-        ref = weakref.ref(on_unscaled.__self__) if hasattr(on_unscaled, "__self__") else None
-        name = on_unscaled.__name__
+        # weakly: the scaler outlives a recorder that was dropped without close()
+        callback = weakref.WeakMethod(on_unscaled)  # type: ignore[arg-type]
 
         def unscale_(optimizer: torch.optim.Optimizer) -> Any:
             out = original(optimizer)
-            owner = ref() if ref is not None else None
-            if owner is not None:
-                getattr(owner, name)()
+            fn = callback()
+            if fn is not None:
+                fn()
             return out
 
         scaler.unscale_ = unscale_

@@ -314,19 +314,16 @@ class Writer:
     def _bound_failed(self) -> None:
         """Writes keep failing (disk full, read-only, deleted): rows wait for the next try,
         but memory is bounded in bytes and rows; the oldest beyond that are dropped, counted."""
-        def total() -> tuple[int, int]:
-            bufs = self.buffers.values()
-            return (sum(t.nbytes for b in bufs for t in b.failed), sum(b.rows for b in bufs))
-
-        nbytes, rows = total()
-        while nbytes > self.max_buffered_bytes or rows > self.max_buffered_rows:
-            oldest = [b for b in self.buffers.values() if b.failed]
-            if not oldest:
-                return
-            buf = max(oldest, key=lambda b: b.failed[0].nbytes)
-            lost = buf.drop_oldest(buf.rows - buf.failed[0].num_rows)
-            self.dropped[buf.name] += lost
-            nbytes, rows = total()
+        bufs = [b for b in self.buffers.values() if b.failed]
+        nbytes = sum(t.nbytes for b in bufs for t in b.failed)
+        rows = sum(b.rows for b in self.buffers.values())
+        while bufs and (nbytes > self.max_buffered_bytes or rows > self.max_buffered_rows):
+            buf = max(bufs, key=lambda b: b.failed[0].nbytes)  # the largest oldest batch
+            oldest = buf.failed[0]
+            self.dropped[buf.name] += buf.drop_oldest(buf.rows - oldest.num_rows)
+            nbytes -= oldest.nbytes
+            rows -= oldest.num_rows
+            bufs = [b for b in bufs if b.failed]
 
     def _check_run_dir(self) -> None:
         """A run directory deleted under a running recorder is written anew (the rank's
