@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -17,10 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch import nn
+from tracealyze.format.parts import PART_RE  # the format's own part-name rule
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-PART_RE = re.compile(r"^part-(\d+)(?:-(\d+))?\.parquet$")
+
 TABLE_NAMES = ("steps", "tensor_stats", "metrics", "events", "memory", "system")
 
 # Knobs that keep a test run fast and deterministic: no background sampler (its rows arrive
