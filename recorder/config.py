@@ -21,6 +21,12 @@ class RecorderConfig:
     grad_norm_every: int = 1
     """Per-parameter gradient L2 norm (one batched reduction). The step's total grad norm and
     nonfinite-gradient count are derived from it, so 0 also leaves those null."""
+    grad_norm_budget: float = 0.0
+    """Largest share of the step time the every-step gradient norms may cost on the training
+    thread (host time, measured). When they cost more (a CPU or slow host; on a GPU they are
+    one kernel launch) they are read every 2nd, 4th, ... step (at most 64x
+    ``grad_norm_every``) until they fit, with an ``info`` event ``grad_norm_cadence`` each
+    time that changes. 0 reads them at every ``grad_norm_every`` step whatever they cost."""
     store_grad_norms: bool = True
     """Write the per-parameter norms to tensor_stats (False keeps only the step totals)."""
     tensor_stats_every: int = 100
@@ -90,6 +96,9 @@ class RecorderConfig:
                              "and max_buffered_rows must be >= 1")
         if self.profile_active < 1 and (self.profile_every or self.profile_start):
             raise ValueError("profile_active must be >= 1 when profiling is on")
+        if self.grad_norm_budget > 1:
+            raise ValueError(f"grad_norm_budget is a share of the step time (0 to 1), got "
+                             f"{self.grad_norm_budget!r}")
         if 0 < self.system_interval_s < 0.05:
             raise ValueError("system_interval_s must be 0 (off) or >= 0.05")
 
@@ -138,13 +147,16 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
     # every 10 steps (reading every gradient each step alone costs ~1% on small models);
     # nothing per tensor.
     "minimal": dict(
-        grad_norm_every=10, store_grad_norms=False, tensor_stats_every=0, param_stats_every=0,
+        grad_norm_every=10, grad_norm_budget=0.01, store_grad_norms=False,
+        tensor_stats_every=0, param_stats_every=0,
         memory_every=10, system_interval_s=5.0,
     ),
-    # Production default: per-parameter grad norm every step, full stats every 100 steps,
-    # one short profiler window early in the run.
+    # Production default: per-parameter grad norm every step (sparser only where reading the
+    # gradients would cost over 1% of the step), full stats every 100 steps, one short
+    # profiler window early in the run.
     "standard": dict(
-        grad_norm_every=1, store_grad_norms=True, tensor_stats_every=100, param_stats_every=100,
+        grad_norm_every=1, grad_norm_budget=0.01, store_grad_norms=True,
+        tensor_stats_every=100, param_stats_every=100,
         memory_every=1, system_interval_s=1.0, profile_start=50, profile_every=0,
     ),
     # Everything, more often: update ratios, activation statistics, per-step NaN tracing.

@@ -4,6 +4,8 @@ computed here stays on the device until the step's one copy (capture.pack)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from itertools import compress
 from typing import Any
 
@@ -11,6 +13,7 @@ import torch
 from torch import nn
 
 from . import stats
+from .budget import NormBudget
 from .capture import Piece, StepAccum
 from .config import RecorderConfig
 from .stats import FullStats, NormPlan, norms
@@ -47,13 +50,19 @@ class GradReader:
     """The gradient side of a step for one model's ``named_parameters()``."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], config: RecorderConfig,
-                 full: FullStats) -> None:
+                 full: FullStats, on_stride: Callable[[int, NormBudget], None] | None = None
+                 ) -> None:
+        """``on_stride(stride, budget)`` is called when the norm budget changes the stride
+        (the recorder writes an event)."""
         self.named = named_params
         self.params = [p for _, p in named_params]
         self.config = config
         self.full = full
         self.layout: GradLayout | None = None
         self.snapshot: list[torch.Tensor] | None = None
+        self.budget = NormBudget(config.grad_norm_budget, config.grad_norm_every)
+        self.on_stride = on_stride
+        self._last_capture: float | None = None
 
     def signature(self) -> tuple[int, int] | None:
         """Identity and in-place version of the first gradient: changes with every backward
@@ -96,13 +105,21 @@ class GradReader:
         cfg = self.config
         if not self.named:
             return
-        norms_due = due(cfg.grad_norm_every, acc.step)
+        now = time.perf_counter()
+        if self._last_capture is not None:
+            self.budget.step_period(now - self._last_capture)
+        self._last_capture = now
+        # A full-statistics step also reads the norms when the budget's stride skips them,
+        # so the steps that have full statistics always have steps.grad_norm too.
+        norms_due = due(cfg.grad_norm_every * self.budget.stride, acc.step)
         stats_due = due(cfg.tensor_stats_every, acc.step)
         if norms_due or stats_due:
             grads, layout = self._grads()
             if grads:
-                if norms_due:
+                if norms_due or (stats_due and due(cfg.grad_norm_every, acc.step)):
+                    t0 = time.perf_counter()
                     acc.add(*self._norms(grads, layout))
+                    self._charge(time.perf_counter() - t0)
                 if stats_due:
                     acc.add(Piece("grad", len(grads) * 8, layout.names,
                                   tuple(g.numel() for g in grads)), self.full(grads))
@@ -110,6 +127,11 @@ class GradReader:
             ps = [p.detach() for p in self.params]
             acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self.named),
                           tuple(p.numel() for p in ps)), self.full(ps))
+
+    def _charge(self, seconds: float) -> None:
+        stride = self.budget.read_cost(seconds)
+        if stride is not None and self.on_stride is not None:
+            self.on_stride(stride, self.budget)
 
     def snapshot_params(self, step: int) -> None:
         """Before the optimizer step: a copy of the trainable parameters at the update-ratio

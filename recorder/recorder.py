@@ -28,6 +28,7 @@ from tracealyze.format.parts import COMPACT_FANOUT
 
 from .activations import ActivationCapture
 from .amp import ScalerHook
+from .budget import NormBudget
 from .capture import Piece, StepAccum, event_row, exception_row
 from .config import RecorderConfig, check_arguments
 from .dist import rank_and_world
@@ -93,7 +94,8 @@ class Recorder(StepLifecycle):
             resume=resume, model=self.model)
         self._next_step = self._rundir.next_step
         self._full = FullStats(self.config.stats_chunk_elems)
-        self._reader = GradReader(self._named_params, self.config, self._full)
+        self._reader = GradReader(self._named_params, self.config, self._full,
+                                  on_stride=self._norm_stride_changed)
         self._probe = MemoryProbe(self._device)
         self._nonfinite_state: dict[str, Any] = {}
         self._writer = Writer(
@@ -161,6 +163,16 @@ class Recorder(StepLifecycle):
         """After ``GradScaler.unscale_`` (also on steps the scaler then skips)."""
         self._guard("scaler", self._gradients_ready)
         self._guard("scaler", self._capture_scale)
+
+    def _norm_stride_changed(self, stride: int, budget: NormBudget) -> None:
+        share = budget.share() or 0.0
+        every = self.config.grad_norm_every * stride
+        self.event(
+            "grad_norm_cadence",
+            f"reading the gradient norms took {share:.1%} of the step "
+            f"({(budget.cost_s or 0) * 1e3:.2f} ms of {(budget.period_s or 0) * 1e3:.1f} ms; "
+            f"budget {budget.budget:.1%}): now every {every} step{'s' if every > 1 else ''}",
+            severity="info", every=every, cost_s=budget.cost_s, step_s=budget.period_s)
 
     # ------------------------------------------------------------------ public API
     def event(self, kind: str, message: str, *, severity: str = "warning",

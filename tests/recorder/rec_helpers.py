@@ -24,9 +24,10 @@ REPO = HERE.parents[1]
 TABLE_NAMES = ("steps", "tensor_stats", "metrics", "events", "memory", "system")
 
 # Knobs that keep a test run fast and deterministic: no background sampler (its rows arrive
-# at wall-clock times), no profiler window, short flush interval.
+# at wall-clock times), no profiler window, short flush interval, gradient norms at every
+# step whatever they cost (the norm budget acts on measured timings; test_norm_budget.py).
 FAST: dict[str, Any] = {"system_interval_s": 0, "profile_start": 0, "profile_every": 0,
-                        "flush_interval_s": 0.05}
+                        "flush_interval_s": 0.05, "grad_norm_budget": 0.0}
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:

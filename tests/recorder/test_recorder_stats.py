@@ -40,6 +40,10 @@ _mag = st.floats(1e-3, 1e4, allow_nan=False, allow_infinity=False)
 _finite = st.one_of(st.just(0.0), _mag, _mag.map(lambda v: -v))
 _special = st.sampled_from([math.nan, math.inf, -math.inf])
 
+# Both FullStats paths run on CPU tensors: the per-tensor host path (what CPU tensors get)
+# and the grouped path (what accelerators get), forced.
+PATHS = pytest.mark.parametrize("host", [True, False], ids=["host", "grouped"])
+
 
 @st.composite
 def tensors(draw: st.DrawFn, *, allow_special: bool = True) -> torch.Tensor:
@@ -113,9 +117,15 @@ def assert_stats_close(got: np.ndarray, t: torch.Tensor, label: str) -> None:
          chunk=1)
 @example(ts=[torch.tensor([0.0] * 6 + [math.inf, 0.0])], chunk=2)
 @example(ts=[torch.tensor([1.0, -math.inf, 2.0]), torch.tensor([math.nan, 1.0])], chunk=2)
-def test_full_stats_match_numpy(ts: list[torch.Tensor], chunk: int) -> None:
+# Same-size small tensors (stacked on the host path): NaN, Inf, a near-constant one that
+# needs the exact second pass for std, and an integer one.
+@example(ts=[torch.tensor([1.0, math.nan, 2.0]), torch.tensor([math.inf, 1.0, 1.0]),
+             torch.tensor([1e4, 1e4 + 1, 1e4]), torch.tensor([0.0, 0.0, 3.0]),
+             torch.tensor([1, 0, 7], dtype=torch.int32)], chunk=64)
+@PATHS
+def test_full_stats_match_numpy(ts: list[torch.Tensor], chunk: int, host: bool) -> None:
     # Small chunk sizes cut tensors into several pieces that are combined afterwards.
-    got = FullStats(chunk_elems=chunk)(ts).numpy()
+    got = FullStats(chunk_elems=chunk, host=host)(ts).numpy()
     assert got.shape == (len(ts), N_STATS)
     assert got.dtype == np.float32
     for i, t in enumerate(ts):
@@ -125,9 +135,10 @@ def test_full_stats_match_numpy(ts: list[torch.Tensor], chunk: int) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(t=tensors(), chunk=st.integers(1, 1 << 20))
 @example(t=torch.tensor([math.inf, 1.0]), chunk=1 << 20)
-def test_single_tensor_path_matches_numpy(t: torch.Tensor, chunk: int) -> None:
-    # FullStats.one (activations, watch) is a separate, leaner code path.
-    got = FullStats(chunk_elems=chunk).one(t).numpy()
+@PATHS
+def test_single_tensor_path_matches_numpy(t: torch.Tensor, chunk: int, host: bool) -> None:
+    # FullStats.one (activations, watch) is a separate, leaner code path on accelerators.
+    got = FullStats(chunk_elems=chunk, host=host).one(t).numpy()
     assert got.shape == (1, N_STATS) and got.dtype == np.float32
     assert_stats_close(got[0], t, f"one(), chunk {chunk}")
 
@@ -190,10 +201,12 @@ def test_norm_plan_refuses_another_layout() -> None:
 
 @settings(max_examples=30, deadline=None)
 @given(ts=st.lists(tensors(allow_special=False), min_size=1, max_size=5))
-def test_layout_cache_is_per_shape_and_values_are_fresh(ts: list[torch.Tensor]) -> None:
+@PATHS
+def test_layout_cache_is_per_shape_and_values_are_fresh(ts: list[torch.Tensor],
+                                                        host: bool) -> None:
     # The same shapes again with different values: cached index tensors must not carry any
     # value from the first call.
-    fs = FullStats(chunk_elems=7)
+    fs = FullStats(chunk_elems=7, host=host)
     fs(ts)
     flipped = [(-t.to(torch.float64)).to(torch.float32) if t.numel() else t for t in ts]
     got = fs(flipped).numpy()
@@ -201,33 +214,36 @@ def test_layout_cache_is_per_shape_and_values_are_fresh(ts: list[torch.Tensor]) 
         assert_stats_close(got[i], t, "second call")
 
 
-def test_large_mean_small_spread_keeps_std() -> None:
+@PATHS
+def test_large_mean_small_spread_keeps_std(host: bool) -> None:
     # |mean| >> std: the one-pass E[x²]-E[x]² formula would give 0 or garbage in float32.
     g = torch.Generator().manual_seed(0)
     t = 1e4 + torch.randn(5000, generator=g, dtype=torch.float64) * 1e-2
     for chunk in (1 << 20, 333):
-        got = FullStats(chunk_elems=chunk)([t.float()]).numpy()[0]
+        got = FullStats(chunk_elems=chunk, host=host)([t.float()]).numpy()[0]
         ref = reference(t.float())
         assert math.isclose(got[STD], ref[STD], rel_tol=1e-2), (chunk, got[STD], ref[STD])
         assert math.isclose(got[MEAN], ref[MEAN], rel_tol=1e-6)
 
 
-def test_tensor_spanning_many_chunks_with_neighbours() -> None:
+@PATHS
+def test_tensor_spanning_many_chunks_with_neighbours(host: bool) -> None:
     g = torch.Generator().manual_seed(1)
     ts = [torch.randn(3, generator=g), torch.randn(1000, generator=g) * 5,
           torch.zeros(0), torch.randn(17, generator=g).half()]
     ts[1][500] = math.nan
     for chunk in (1, 10, 999, 1000, 1001, 4096):
-        got = FullStats(chunk_elems=chunk)(ts).numpy()
+        got = FullStats(chunk_elems=chunk, host=host)(ts).numpy()
         for i, t in enumerate(ts):
             assert_stats_close(got[i], t, f"chunk {chunk}")
 
 
+@PATHS
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_empty_and_scalar_tensors(dtype: torch.dtype) -> None:
+def test_empty_and_scalar_tensors(dtype: torch.dtype, host: bool) -> None:
     ts = [torch.zeros(0, dtype=dtype), torch.tensor(3.0, dtype=dtype),
           torch.zeros(0, 4, dtype=dtype)]
-    got = FullStats(chunk_elems=2)(ts).numpy()
+    got = FullStats(chunk_elems=2, host=host)(ts).numpy()
     for i, t in enumerate(ts):
         assert_stats_close(got[i], t, "edge")
     assert got[0, NORM] == 0 and got[0, NONFINITE] == 0
@@ -243,3 +259,28 @@ def test_empty_input_lists() -> None:
 def test_chunk_elems_validated() -> None:
     with pytest.raises(ValueError):
         FullStats(chunk_elems=0)
+
+
+@pytest.mark.parametrize("n,chunk", [(4000, 1 << 20), (4000, 333)])
+def test_host_path_two_pass_std_near_constant_weights(n: int, chunk: int) -> None:
+    # A LayerNorm weight after a few updates: mean 1, spread 1e-4. E[x²] - mean² would
+    # cancel to noise in float32; the host path must take its exact second pass.
+    g = torch.Generator().manual_seed(3)
+    t = (1.0 + torch.randn(n, generator=g) * 1e-4).float()
+    got = FullStats(chunk_elems=chunk, host=True)([t]).numpy()[0]
+    ref = reference(t)
+    assert math.isclose(got[STD], ref[STD], rel_tol=1e-3), (got[STD], ref[STD])
+    # Exactly constant: std 0, not sqrt of a rounding error.
+    assert FullStats(chunk_elems=chunk, host=True)([torch.ones(n)]).numpy()[0][STD] == 0.0
+
+
+def test_cpu_tensors_take_the_host_path_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tracealyze.recorder.stats as stats_mod
+
+    calls = []
+    real = stats_mod.host_stats
+    monkeypatch.setattr(stats_mod, "host_stats", lambda ts, c: calls.append(len(ts)) or real(ts, c))
+    FullStats()([torch.ones(3), torch.zeros(2)])
+    FullStats().one(torch.ones(4))
+    FullStats(host=False)([torch.ones(3)])
+    assert calls == [2, 1]

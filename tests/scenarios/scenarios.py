@@ -60,6 +60,10 @@ BATCH = int(os.environ.get("SCN_BATCH", 128))
 # is 10 s): short enough that the runs exercise several part files and merging, while not
 # flushing so often that the writer's work shows up as stalls in second-long runs.
 BASE_KNOBS: dict[str, Any] = {
+    # The gradient-norm budget depends on measured timings; scenario tests assert exact steps
+    # (first NaN, explosion onset), so they read norms every step. Runs with norms spread by
+    # the budget are tested on their own (tests/scenarios/test_scn_norm_stride.py).
+    "grad_norm_budget": 0.0,
     "flush_interval_s": 2.0,
     "system_interval_s": 0.5,
     "profile_start": 0,
@@ -567,3 +571,14 @@ def run_killed(run_dir: str | os.PathLike[str], *, seed: int = 0, min_steps: int
         if proc.stdout:
             proc.stdout.close()
     return run_dir
+
+
+def run_strided_norms(run_dir: str | os.PathLike[str], *, scenario: str = "run_healthy",
+                      **knobs: Any) -> Path:
+    """Any scenario with the gradient norms spread by the norm budget, as on a host where
+    reading them costs more than 1% of the step: a budget no read meets and no floor, so
+    after the warm-up reads (11 steps) they come every 64th step."""
+    from tracealyze.recorder import budget
+
+    budget.MIN_COST_S = 0.0  # this process only (scenarios run in their own interpreter)
+    return globals()[scenario](run_dir, **{**knobs, "grad_norm_budget": 1e-9})
