@@ -147,15 +147,15 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
     # every 10 steps (reading every gradient each step alone costs ~1% on small models);
     # nothing per tensor.
     "minimal": dict(
-        grad_norm_every=10, grad_norm_budget=0.01, store_grad_norms=False,
+        grad_norm_every=10, grad_norm_budget=0.005, store_grad_norms=False,
         tensor_stats_every=0, param_stats_every=0,
         memory_every=10, system_interval_s=5.0,
     ),
     # Production default: per-parameter grad norm every step (sparser only where reading the
-    # gradients would cost over 1% of the step), full stats every 100 steps, one short
-    # profiler window early in the run.
+    # gradients would cost over 0.5% of the step: a CPU or slow host), full stats every 100
+    # steps, one short profiler window early in the run.
     "standard": dict(
-        grad_norm_every=1, grad_norm_budget=0.01, store_grad_norms=True,
+        grad_norm_every=1, grad_norm_budget=0.005, store_grad_norms=True,
         tensor_stats_every=100, param_stats_every=100,
         memory_every=1, system_interval_s=1.0, profile_start=50, profile_every=0,
     ),
