@@ -55,3 +55,34 @@ def test_recorder_without_torch_says_how_to_install_it() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.startswith("ERR") and "needs PyTorch" in out and "tracealyze[torch]" in out
+
+
+def test_first_flush_mid_training_imports_nothing(tmp_path: Path) -> None:
+    # A module first imported by the writer's first flush holds the GIL mid-training and
+    # shows up as a step in the process's RSS: pyarrow's lazy pandas shim alone is ~58 MB,
+    # which a short healthy run's leak check took for a leak. Everything the writer needs is
+    # imported when the Recorder is built.
+    script = write_script(tmp_path, "flush.py", """
+        import json, sys, time
+        import torch
+        from tracealyze.recorder import Recorder
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec = Recorder(sys.argv[1], model=model, optimizer=opt, system_interval_s=0,
+                       profile_start=0, flush_interval_s=0.3)
+        before = set(sys.modules)
+        for i in range(30):
+            loss = model(torch.randn(3, 4)).square().mean()
+            opt.zero_grad(); loss.backward(); opt.step(); rec.step(loss=loss)
+            time.sleep(0.03)  # ~1 s: the writer flushes a few times while training runs
+        parts = list((__import__("pathlib").Path(sys.argv[1]) / "steps").rglob("part-*"))
+        # (torch's own lazy imports, e.g. under torch.profiler, are not the writer's)
+        new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] != "torch")
+        rec.close()
+        print(json.dumps({"parts": len(parts), "new": new}))
+    """)
+    proc = run_script(script, str(tmp_path / "run"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["parts"] >= 1  # the flush really happened during training
+    assert out["new"] == [], f"imported during training: {out['new'][:20]}"
