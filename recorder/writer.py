@@ -118,6 +118,7 @@ class Writer:
         self.parts_written = 0
         self.lost_parts = 0  # parts written earlier that vanished with a deleted run dir
         self._meta_seen = False
+        self._dir_ident = _dir_ident(run_dir)  # (device, inode): a new one = recreated
         self.on_flush = on_flush
         # A deque, not queue.Queue: append/popleft are atomic under the GIL, so submit()
         # takes no lock. (A SIGTERM handler that closes the recorder can then never deadlock
@@ -317,6 +318,7 @@ class Writer:
                 self.on_flush()
             except Exception as exc:
                 self.record_error("heartbeat", exc)
+        self._check_run_dir()  # deleted during this flush (its event goes out with the next)
 
     def _bound_failed(self) -> None:
         """Writes keep failing (disk full, read-only, deleted): rows wait for the next try,
@@ -334,13 +336,19 @@ class Writer:
 
     def _check_run_dir(self) -> None:
         """A run directory deleted under a running recorder is written anew (the rank's
-        metadata and data from now on), but what it held is gone: say so once per loss."""
-        if is_regular(self.run_dir / "ranks" / f"rank={self.rank}.json"):
-            self._meta_seen = True
+        metadata and data from now on), but what it held is gone: say so once per loss.
+        Checked before and after each flush. Deleted means: the directory is not the one
+        seen last (another inode: our own writes may already have recreated it, mid-flush),
+        or this rank's metadata vanished from it."""
+        ident = _dir_ident(self.run_dir)
+        # (from "missing" to a directory is our own writes recreating it: already reported)
+        moved = self._dir_ident is not None and ident != self._dir_ident
+        self._dir_ident = ident
+        meta = is_regular(self.run_dir / "ranks" / f"rank={self.rank}.json")
+        gone = moved or (self._meta_seen and not meta)
+        self._meta_seen = meta
+        if not gone or self.parts_written == self.lost_parts:
             return
-        if not self._meta_seen or self.parts_written == 0:
-            return
-        self._meta_seen = False  # the heartbeat after this flush writes it anew
         lost = self.parts_written - self.lost_parts
         self.lost_parts = self.parts_written
         self.dropped["run_dir_deleted"] += 1
@@ -368,3 +376,11 @@ def merge_parts(run_dir: Path, rank: int) -> int:
     """Merge each table's parts of this rank into one file (at close); files merged away."""
     return sum(compact(rank_dir(run_dir, t, rank), t, final=True) for t in TABLES
                if (run_dir / t).is_dir())
+
+
+def _dir_ident(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

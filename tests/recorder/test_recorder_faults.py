@@ -111,7 +111,11 @@ def test_run_dir_replaced_by_a_file_then_restored(run_dir: Path,
 def test_run_dir_deleted_mid_run_is_recreated(run_dir: Path) -> None:
     rec, model, opt = make(run_dir)
     steps(rec, model, opt, 3)
-    wait_until(lambda: (run_dir / "steps").exists())
+    # The flush is complete once its heartbeat has written the rank's metadata (the
+    # recorder's sign that this directory held its data): the steps dir alone appears
+    # mid-flush, and a deletion inside that flush is not detected (a window of one flush's writes).
+    wait_until(lambda: (run_dir / "ranks" / "rank=0.json").exists()
+               and (run_dir / "steps").exists())
     yank(run_dir)
     steps(rec, model, opt, 4)
     rec.close()
