@@ -44,10 +44,10 @@ class NormBudget:
         self._seen = 0
 
     def step_period(self, seconds: float) -> None:
-        """One optimizer step's period (between two gradient captures)."""
+        """One optimizer step's period (between two gradient captures). Every step: only
+        kept here; the median is taken when a read is charged."""
         if seconds > 0:
             self._periods.append(seconds)
-            self.period_s = statistics.median(self._periods)
 
     def read_cost(self, seconds: float) -> int | None:
         """One read of the norms took ``seconds``; the new stride if it changes, else None."""
@@ -56,6 +56,7 @@ class NormBudget:
             return None
         self._costs.append(seconds)
         self.cost_s = statistics.median(self._costs)
+        self.period_s = statistics.median(self._periods) if self._periods else None
         if self.budget <= 0 or len(self._costs) < _WINDOW or not self.period_s:
             return None
         # Needed stride: how many cadences one read must be spread over to fit the budget.
@@ -70,10 +71,4 @@ class NormBudget:
             return None
         self.stride = stride
         return stride
-
-    def share(self) -> float | None:
-        """The measured cost of one read as a share of the step period."""
-        if self.cost_s is None or not self.period_s:
-            return None
-        return self.cost_s / self.period_s
 

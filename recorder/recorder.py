@@ -165,12 +165,13 @@ class Recorder(StepLifecycle):
         self._guard("scaler", self._capture_scale)
 
     def _norm_stride_changed(self, stride: int, budget: NormBudget) -> None:
-        share = budget.share() or 0.0
+        # (a stride changes only once both medians exist)
+        cost, period = budget.cost_s or 0.0, budget.period_s or 1.0
         every = self.config.grad_norm_every * stride
         self.event(
             "grad_norm_cadence",
-            f"reading the gradient norms took {share:.1%} of the step "
-            f"({(budget.cost_s or 0) * 1e3:.2f} ms of {(budget.period_s or 0) * 1e3:.1f} ms; "
+            f"reading the gradient norms took {cost / period:.1%} of the step "
+            f"({cost * 1e3:.2f} ms of {period * 1e3:.1f} ms; "
             f"budget {budget.budget:.1%}): now every {every} step{'s' if every > 1 else ''}",
             severity="info", every=every, cost_s=budget.cost_s, step_s=budget.period_s)
 

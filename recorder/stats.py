@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from .stats_host import host_stats
+from .stats_host import SMALL_NUMEL, host_stats
 
 # Column order of a FullStats result row (matches schema.STAT_COLUMNS).
 NORM, ABSMAX, MEAN, STD, MIN, MAX, ZERO_FRAC, NONFINITE = range(8)
@@ -48,20 +48,15 @@ def uniform(tensors: list[torch.Tensor]) -> bool:
     return all(t.device == device and t.dtype in _NARROW_FLOATS for t in tensors)
 
 
-# On CPU, ``_foreach_norm`` is a loop of one reduction per tensor, ~2 us of dispatch each:
-# for a bias of 128 values that is all overhead. Tensors at most this size are stacked by
-# size instead and reduced together (the copy is tiny); larger ones keep their own reduction,
-# because stacking them would copy megabytes that a norm only has to read.
-SMALL_NUMEL = 4096
-
-
 class NormPlan:
     """Per-step L2 norms of one gradient layout, planned once and reused every step.
 
     Built from the first step's tensors (callers check :func:`uniform` first): on CUDA and
     other accelerators the plan is one ``_foreach_norm`` (a fused multi-tensor kernel). On
-    CPU, small tensors of the same shape are stacked into one ``[P, *shape]`` tensor and
-    reduced with one ``vector_norm`` per shape, and large ones go through ``_foreach_norm``.
+    CPU (where ``_foreach_norm`` is a loop with ~2 us of dispatch per tensor), small tensors
+    (at most ``SMALL_NUMEL`` elements) of the same shape are stacked into one ``[P, *shape]``
+    tensor and reduced with one ``vector_norm`` per shape, and large ones go through
+    ``_foreach_norm``.
     The result is in the plan's order: ``order[k]`` is the input index of value ``k``
     (``None``: input order). Putting it back in input order would be one more indexing op
     on the training thread (~30 us on a 2-core machine, right after backward); the caller
@@ -177,10 +172,12 @@ class FullStats:
         if not tensors:
             return torch.empty(0, N_STATS, dtype=torch.float32)
         device = tensors[0].device
-        if self._host(device):
-            return host_stats([t.to(device) for t in tensors], self.chunk_elems)
-        tensors = [t.to(device, non_blocking=True) if t.device != device else t
+        host = self._host(device)
+        # (the host path reads values at once: its copies must not be non-blocking)
+        tensors = [t.to(device, non_blocking=not host) if t.device != device else t
                    for t in tensors]
+        if host:
+            return host_stats(tensors, self.chunk_elems)
         key = (device, tuple((t.numel(), t.dtype) for t in tensors))
         layout = self._layouts.get(key)
         if layout is None:

@@ -35,6 +35,12 @@ import torch
 # within ~1e-5 relative; beyond it the exact second pass runs.
 _ONE_PASS_MAX_RATIO = 16.0
 
+# On the CPU a reduction costs ~2-5 us of dispatch whatever its size: tensors at most this
+# big (elements; 16 KiB of float32) are stacked with others of their size and reduced
+# together, here and in stats.NormPlan; larger ones keep their own reduction (stacking
+# would copy megabytes that a reduction only has to read).
+SMALL_NUMEL = 4096
+
 
 def host_stats(tensors: list[torch.Tensor], chunk_elems: int) -> torch.Tensor:
     """``[len(tensors), 8]`` float32 rows (NORM..NONFINITE) for CPU tensors, with the same
@@ -56,10 +62,6 @@ def host_stats(tensors: list[torch.Tensor], chunk_elems: int) -> torch.Tensor:
         if rows[i] is None:
             rows[i] = _row(f, chunk_elems)
     return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), 8)
-
-
-# Largest tensor stacked with others of its size (elements); 16 KiB of float32 each.
-SMALL_NUMEL = 4096
 
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
