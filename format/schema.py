@@ -22,7 +22,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("rank", "int32"), ("step", "int64"), ("time", "float64"), ("duration_s", "float64"),
         ("data_wait_s", "float64"), ("loss", "float64"), ("lr", "float64"),
         ("grad_norm", "float64"), ("nonfinite_grads", "int32"), ("loss_scale", "float64"),
-        ("amp_skipped", "bool"),
+        ("amp_skipped", "bool"), ("grad_clip_max", "float64"), ("compute_s", "float64"),
     ),
     "tensor_stats": (
         ("rank", "int32"), ("step", "int64"), ("name", "dict32"), ("kind", "dict8"),

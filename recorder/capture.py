@@ -44,11 +44,17 @@ class StepAccum:
     step: int
     tensors: list[torch.Tensor] = field(default_factory=list)
     pieces: list[Piece] = field(default_factory=list)
-    floats: dict[str, list[float]] = field(default_factory=dict)  # loss, lr, loss_scale
+    floats: dict[str, list[float]] = field(default_factory=dict)  # loss, lr, loss_scale,
+    #                                                                grad_clip
     metrics: dict[str, float] = field(default_factory=dict)
     data_wait_s: float = 0.0
     waited: bool = False
     grads_captured: bool = False
+    norms_read: bool = False  # per-parameter norms taken from clip_grad_norm_ (pre-clip)
+    # perf_counter() when the batch arrived and when the last watched gradient landed
+    # (distributed runs: the rank's own compute before it waits for the all-reduce)
+    data_ready: float | None = None
+    grad_ready: float | None = None
     await_last: bool = False  # optimizer stepped before this cycle's last rec.step()
     scaler: bool = False
     ended: float | None = None  # wall time of the rec.step() that closed it
@@ -72,6 +78,10 @@ class StepAccum:
         self.act_stats.extend(extra.act_stats)
         self.metrics.update(extra.metrics)
         self.data_wait_s += extra.data_wait_s
+        if self.data_ready is None:
+            self.data_ready = extra.data_ready
+        if extra.grad_ready is not None:
+            self.grad_ready = extra.grad_ready
         self.waited = self.waited or extra.waited
 
     def has(self, label: str) -> bool:

@@ -99,6 +99,20 @@ class GradReader:
                 self.layout = None
         return layout.piece, norms(grads)
 
+    def owns(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether ``tensors`` are exactly this model's gradients, in parameter order (what
+        ``clip_grad_norm_(model.parameters())`` passes on): identity checks, no device work."""
+        grads, _ = self._grads()
+        return len(grads) == len(tensors) and all(
+            a is b for a, b in zip(grads, tensors, strict=True))
+
+    def take_norms(self, acc: StepAccum, per_tensor: list[torch.Tensor]) -> None:
+        """The per-parameter norms ``clip_grad_norm_`` just computed, before it clips (see
+        :mod:`.clipping`): they are this step's gradient norms, read for free."""
+        _, layout = self._grads()
+        acc.add(layout.piece, torch.stack(per_tensor))
+        acc.norms_read = True
+
     def capture(self, acc: StepAccum) -> None:
         """Attach this step's gradient (and weight) statistics that are due to ``acc``."""
         acc.grads_captured = True
@@ -116,7 +130,9 @@ class GradReader:
         if norms_due or stats_due:
             grads, layout = self._grads()
             if grads:
-                if norms_due or (stats_due and due(cfg.grad_norm_every, acc.step)):
+                if acc.norms_read:  # taken before clipping (clip_grad_norm_)
+                    pass
+                elif norms_due or (stats_due and due(cfg.grad_norm_every, acc.step)):
                     t0 = time.perf_counter()
                     acc.add(*self._norms(grads, layout))
                     self._charge(time.perf_counter() - t0)

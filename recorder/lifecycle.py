@@ -61,6 +61,8 @@ class StepLifecycle:
             acc = self._acc
             acc.data_wait_s += seconds
             acc.waited = True
+            if acc.data_ready is None:
+                acc.data_ready = time.perf_counter()
 
     def gradients_ready(self) -> None:
         """Lifecycle 2: gradients are final for this optimizer step and the weights are not
@@ -169,6 +171,30 @@ class StepLifecycle:
                     # rec.step() is still to come and belongs to this optimizer step.
                     target.await_last = self._reader.signature() != self._pending_sig
 
+    def _clip_norms(self, tensors: list[Any], per_tensor: list[Any] | None) -> bool:
+        """clip_grad_norm_ on this model's gradients (see :mod:`.clipping`): with
+        ``per_tensor`` None, whether they are ours and still unread this step; else take
+        the norms as this step's (pre-clip) gradient norms."""
+        if self._closed:
+            return False
+        with self._lock:
+            target = self._hook_target()
+            if target.grads_captured or target.norms_read:
+                return False
+            if per_tensor is None:
+                return self._reader.owns(tensors)
+            self._reader.take_norms(target, per_tensor)
+            return True
+
+    def _grad_landed(self, _param: Any) -> None:
+        """A watched parameter's gradient was accumulated (distributed runs; see
+        Recorder._watch_compute): host time only, no device work."""
+        self._acc.grad_ready = time.perf_counter()
+
+    def _clip_max(self, max_norm: float) -> None:
+        if not self._closed:
+            self._hook_target().floats["grad_clip"] = [max_norm]
+
     def _before_update(self) -> None:
         self._gradients_ready()
         if self.config.update_ratio_every:
@@ -219,6 +245,9 @@ class StepLifecycle:
             scaler=acc.scaler, memory=memory, probe=self._probe,
             rss=self._probe.rss() if memory else None, nonfinite_state=self._nonfinite_state,
             store_grad_norms=self.config.store_grad_norms,
+            compute_s=(acc.grad_ready - acc.data_ready
+                       if acc.grad_ready is not None and acc.data_ready is not None
+                       and acc.grad_ready > acc.data_ready else None),
         )
         self._next_step = acc.step + 1
         self._rundir.step_committed()

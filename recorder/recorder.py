@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tracealyze.format.parts import COMPACT_FANOUT
 
+from . import clipping
 from .activations import ActivationCapture
 from .amp import ScalerHook
 from .budget import NormBudget
@@ -153,11 +154,29 @@ class Recorder(StepLifecycle):
             self._handles.append(opt.register_step_post_hook(self._on_opt_post))
         self._amp = ScalerHook(self.scaler, self._on_unscaled) if self.scaler is not None \
             else None
+        if self._named_params:
+            clipping.install(id(self), self._clip_norms, self._clip_max)
+        if self.world_size > 1:
+            self._watch_compute()
         cfg = self.config
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             self._act = ActivationCapture(self.model, cfg, self._full, lambda: self._acc,
                                           self._guard)
             self._act.next_step(self._acc.step)
+
+    def _watch_compute(self) -> None:
+        """Distributed data parallel: the all-reduce makes every rank's step as long as the
+        slowest's, so a straggler is invisible in step times. What differs is each rank's
+        own work before it waits: from its batch's arrival to its last gradient. Backward
+        produces the first parameters' gradients last (they are used first in the forward),
+        so a host-time hook on the first few marks the end of the rank's backward compute
+        (before DDP's final wait for the all-reduce). On GPUs this is launch time, not
+        kernel time."""
+        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+            return
+        first = [p for _, p in self._named_params if p.requires_grad][:4]
+        for p in first:
+            self._handles.append(p.register_post_accumulate_grad_hook(self._grad_landed))
 
     def _on_unscaled(self) -> None:
         """After ``GradScaler.unscale_`` (also on steps the scaler then skips)."""
@@ -297,6 +316,7 @@ class Recorder(StepLifecycle):
             except Exception:
                 pass
         self._handles = []
+        clipping.uninstall(id(self))
         if self._act is not None:
             self._act.remove()
         if self._amp is not None:

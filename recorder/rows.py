@@ -163,6 +163,9 @@ def _rows(run: Sequence[StepItem]) -> _Out:
         "loss": _nullable(loss, has_loss), "lr": _last(run, "lr", lr),
         "grad_norm": grad_norm, "nonfinite_grads": nonfinite,
         "loss_scale": _last(run, "loss_scale", scale), "amp_skipped": amp_skipped,
+        "grad_clip_max": _last(run, "grad_clip", None),
+        "compute_s": ([it.compute_s for it in run]
+                      if any(it.compute_s is not None for it in run) else None),
     }))
     _metric_rows(out, run, steps, tmetrics)
     _memory_rows(out, [it for it in run if it.memory and it.probe is not None])
@@ -324,6 +327,7 @@ class StepItem:
     rss: int | None  # read on the training thread at commit (belongs to this step)
     nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
     store_grad_norms: bool = True
+    compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
 
     # The writer hands every run of consecutive queued steps to this at once.
     write_many = staticmethod(write_steps)

@@ -28,7 +28,8 @@ DEFAULTS: dict[str, Any] = {
 }
 DOC = {
     "meaning": "One rank is consistently slower than the others and holds everyone back.",
-    "rule": "per common step, a rank's duration_s (or data_wait_s) vs the median of the other "
+    "rule": "per common step, a rank's compute_s (batch arrival to last gradient, recorded "
+            "on distributed runs), else duration_s, else data_wait_s vs the median of the other "
             "ranks: median slowdown ≥ min_rel_slowdown (or extra wait ≥ min_wait_share of the "
             "step) and slower on ≥ min_consistency of the steps.",
     "fixes": "Check that rank's host/GPU (thermal throttling, other jobs, slower node), its "
@@ -60,15 +61,22 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     if len(per_rank) < 2:
         return []
     found = []
-    ranks, steps, dur = _aligned(per_rank, "duration_s", th)
-    if len(steps) >= th["min_steps"]:
+    # compute before the all-reduce first (synchronised DDP: step times are all equal),
+    # then the step time itself (unsynchronised ranks)
+    for col, what in (("compute_s", "compute before the gradient all-reduce"),
+                      ("duration_s", "step time")):
+        ranks, steps, dur = _aligned(per_rank, col, th)
+        if len(steps) < th["min_steps"]:
+            continue
         for i, r in enumerate(ranks):
             others = np.median(np.delete(dur, i, axis=0), axis=0)
             slow = float(np.median(dur[i]) / max(np.median(others), 1e-12)) - 1
             consistent = float(np.mean(dur[i] > others))
             if slow >= th["min_rel_slowdown"] and consistent >= th["min_consistency"]:
-                found.append((slow, r, "step time", consistent, float(np.median(dur[i])),
+                found.append((slow, r, what, consistent, float(np.median(dur[i])),
                               float(np.median(others)), steps))
+        if found:
+            break
     ranks_w, steps_w, wait = _aligned(per_rank, "data_wait_s", th)
     if len(steps_w) >= th["min_steps"] and not found:
         _, _steps_d, dur_w = _aligned(per_rank, "duration_s", th)

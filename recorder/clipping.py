@@ -1,0 +1,141 @@
+"""Gradient norms *before* clipping, reused from ``torch.nn.utils.clip_grad_norm_``.
+
+The recorder reads gradients in the optimizer pre-hook, after the training loop clipped them:
+with clipping on, every step whose norm was above ``max_norm`` would record exactly
+``max_norm`` and an explosion would be invisible. ``clip_grad_norm_`` already computes the
+per-parameter norms it needs; this module lets the recorder keep them instead of reading the
+gradients again:
+
+* ``torch.nn.utils.clip_grad._get_total_norm`` (what ``clip_grad_norm_`` and the public
+  ``get_total_norm`` call, looked up as a module global at call time, so also through
+  ``from torch.nn.utils import clip_grad_norm_`` done before the recorder existed) is wrapped.
+  When the tensors are exactly the recorded model's gradients, the wrapper computes the
+  per-parameter norms with the very op torch uses (``torch._foreach_norm``), hands them to the
+  recorder, and returns torch's own total computed from them: bitwise the same total, so
+  the clip coefficient and training are unchanged. Anything else (other tensors, a p-norm
+  other than 2, mixed devices or dtypes, ``foreach=False``) goes to torch's function as is.
+* ``_clip_grads_with_norm_`` is wrapped to note ``max_norm`` (a Python number; no device
+  work).
+
+Frameworks that call ``torch.nn.utils.clip_grad_norm_`` (transformers/accelerate under DDP,
+Lightning's precision plugins, nanoGPT) are covered; FSDP's ``model.clip_grad_norm_`` and
+DeepSpeed's own clipping are not (their norms are sharded). Wrappers are installed while at
+least one Recorder is open and removed with the last; while torch.compile traces they pass
+straight through.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .hooks import is_compiling
+
+# on_norms(tensors, None) -> whether they are that recorder's gradients;
+# on_norms(tensors, norms) hands it their per-tensor norms. on_clip(max_norm).
+Listener = tuple[Callable[[list[torch.Tensor], Any], bool], Callable[[float], None]]
+
+_lock = threading.Lock()
+_listeners: dict[int, Listener] = {}
+_originals: dict[str, Any] = {}
+
+
+def _module() -> Any:
+    import torch.nn.utils.clip_grad as clip_grad
+
+    return clip_grad
+
+
+def _foreach_ok(grads: list[torch.Tensor], foreach: bool | None) -> bool:
+    """Whether torch's own ``_get_total_norm`` would take the single-group foreach path for
+    ``grads``: one device and dtype, foreach supported there (then its arithmetic is exactly
+    ``vector_norm(stack(_foreach_norm(grads)))``)."""
+    if foreach is False or not grads:
+        return False
+    first = grads[0]
+    dev, dt = first.device, first.dtype
+    if any(g.device != dev or g.dtype != dt or g.is_sparse for g in grads):
+        return False
+    mod = _module()
+    if foreach is None:
+        return bool(mod._has_foreach_support(grads, dev))
+    return bool(mod._device_has_foreach_support(dev))
+
+
+def _total_norm(tensors: Any, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                foreach: bool | None = None) -> torch.Tensor:
+    original = _originals["_get_total_norm"]
+    if is_compiling() or not _listeners or float(norm_type) != 2.0 or isinstance(
+            tensors, torch.Tensor):
+        return original(tensors, norm_type, error_if_nonfinite, foreach)
+    tensors = list(tensors)
+    taker = None
+    try:
+        if _foreach_ok(tensors, foreach):
+            for on_norms, _ in list(_listeners.values()):
+                if on_norms(tensors, None):  # is it this recorder's gradients?
+                    taker = on_norms
+                    break
+    except Exception:  # never let telemetry change what torch computes
+        taker = None
+    if taker is None:
+        return original(tensors, norm_type, error_if_nonfinite, foreach)
+    # torch's own first stage (one foreach launch) ...
+    with torch.no_grad():
+        per_tensor = list(torch._foreach_norm(tensors, 2.0))
+    try:
+        taker(tensors, per_tensor)
+    except Exception:
+        pass
+    # ... and its second: the norm of those norms (|n| = n, so the same stack and
+    # vector_norm as torch's; error_if_nonfinite raises torch's own error).
+    return original(per_tensor, norm_type, error_if_nonfinite, foreach)
+
+
+def _clip_with_norm(parameters: Any, max_norm: float, total_norm: torch.Tensor,
+                    foreach: bool | None = None) -> None:
+    if _listeners and not is_compiling():
+        for _, on_clip in list(_listeners.values()):
+            try:
+                on_clip(float(max_norm))
+            except Exception:
+                pass
+    _originals["_clip_grads_with_norm_"](parameters, max_norm, total_norm, foreach)
+
+
+def install(key: int, on_norms: Callable[[list[torch.Tensor], Any], bool],
+            on_clip: Callable[[float], None]) -> bool:
+    """Listen to clipping for one recorder (``key``: its id). False when this torch has no
+    ``_get_total_norm``/``_clip_grads_with_norm_`` (torch < 2.6): norms are then read after
+    clipping, as before."""
+    mod = _module()
+    if not (hasattr(mod, "_get_total_norm") and hasattr(mod, "_clip_grads_with_norm_")):
+        return False
+    with _lock:
+        if not _originals:
+            _originals["_get_total_norm"] = mod._get_total_norm
+            _originals["_clip_grads_with_norm_"] = mod._clip_grads_with_norm_
+            mod._get_total_norm = _total_norm
+            mod._clip_grads_with_norm_ = _clip_with_norm
+        _listeners[key] = (on_norms, on_clip)
+    return True
+
+
+def uninstall(key: int) -> None:
+    """Stop listening for ``key``; the last listener puts torch's functions back (unless
+    someone else wrapped them over ours meanwhile: then ours stay, passing through)."""
+    with _lock:
+        _listeners.pop(key, None)
+        if _listeners or not _originals:
+            return
+        mod = _module()
+        if mod._get_total_norm is _total_norm:
+            mod._get_total_norm = _originals["_get_total_norm"]
+        if mod._clip_grads_with_norm_ is _clip_with_norm:
+            mod._clip_grads_with_norm_ = _originals["_clip_grads_with_norm_"]
+        if mod._get_total_norm is not _total_norm and \
+                mod._clip_grads_with_norm_ is not _clip_with_norm:
+            _originals.clear()

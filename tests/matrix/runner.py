@@ -1,0 +1,177 @@
+"""Records the matrix's runs: ``record(model, pathology, run_dir)`` trains one run with the
+real Recorder; ``python -m tests.matrix.runner ROOT MODEL:PATHOLOGY ...`` records several in
+one fresh interpreter (the test fixture runs one such process per model), and DDP runs start
+their ranks as processes of their own (gloo over loopback), as torchrun would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tracealyze.recorder import Recorder
+
+from .models import MODELS, ModelSpec
+from .pathologies import PATHOLOGIES, STEPS, STRAGGLER_RANK, Pathology
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Recorder knobs of every matrix run: norms every step (the truth is checked to ±2 steps and
+# the norm budget depends on timing), frequent flushes, no profiler window (a CPU profiler
+# window only adds step-time noise to runs that are about something else).
+BASE_KNOBS: dict[str, Any] = {"grad_norm_budget": 0.0, "flush_interval_s": 2.0,
+                              "system_interval_s": 0.5, "profile_start": 0, "profile_every": 0}
+
+
+def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int
+             ) -> Iterator[Any]:
+    draw = spec.data(seed * 100 + rank)
+
+    def gen() -> Iterator[Any]:
+        for step in range(STEPS):
+            if p.loader_delay_s:
+                time.sleep(p.loader_delay_s)  # decoding/augmentation in the main process
+            yield draw(step)
+
+    yield from rec.wrap_loader(gen())
+
+
+def _poison(spec: ModelSpec, model: nn.Module, at: int, state: dict[str, int]) -> None:
+    """Plain code in ``spec.nan_parent``'s forward makes a NaN right before it calls
+    ``nan_child`` (a forward pre-hook on the child runs inside the parent's forward, like a
+    line of arithmetic there; registered before the recorder's hooks)."""
+    child = model.get_submodule(f"{spec.nan_parent}.{spec.nan_child}")
+
+    def pre(_m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if state["step"] != at or not torch.is_grad_enabled():
+            return None
+        x = args[0]
+        zero = torch.zeros((), dtype=x.dtype)
+        x = x.clone()
+        x[0, 0] = zero / zero  # 0/0: the NaN a bad division or log(0)*0 makes
+        return (x, *args[1:])
+
+    child.register_forward_pre_hook(pre)
+
+
+def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
+           seed: int = 0, rank: int = 0) -> Path:
+    """Train one matrix run (one rank of it, for DDP runs started by :func:`record_ddp`)."""
+    spec, p = MODELS[model_name], PATHOLOGIES[pathology]
+    torch.set_num_threads(1)
+    model = spec.build(seed)
+    state = {"step": -1}
+    if p.nan_at is not None:
+        _poison(spec, model, p.nan_at, state)
+    if p.slow_rank_s and rank == STRAGGLER_RANK:
+        model.register_forward_pre_hook(lambda _m, _a: time.sleep(p.slow_rank_s))
+    train_model: nn.Module = model
+    if p.world_size > 1:
+        train_model = nn.parallel.DistributedDataParallel(model)
+    opt = spec.optimizer(model, spec.lr)
+    base = [g["lr"] for g in opt.param_groups]
+    kept: list[torch.Tensor] = []
+    with Recorder(run_dir, model=train_model, optimizer=opt, preset=p.preset,
+                  **{**BASE_KNOBS, **p.knobs}) as rec:
+        for step, batch in enumerate(_batches(rec, spec, p, seed, rank)):
+            state["step"] = step
+            for g, lr in zip(opt.param_groups, base, strict=True):
+                g["lr"] = lr * p.lr_mult(step)
+            loss = spec.loss(train_model, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if p.clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), p.clip)
+            opt.step()
+            rec.step(loss=loss.detach())
+            if p.leak_from is not None and step >= p.leak_from:
+                kept.append(loss)  # a loss history kept without .item(): graph and all
+    return Path(run_dir)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(rank: int | None = None, world: int | None = None, port: int = 0) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    env["TRANSFORMERS_VERBOSITY"] = "error"
+    env["HF_HUB_OFFLINE"] = "1"
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    if rank is not None:
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return env
+
+
+def ddp_rank(model_name: str, pathology: str, run_dir: str) -> None:
+    """One DDP rank (RANK/WORLD_SIZE/MASTER_* set by :func:`record_ddp`)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        record(model_name, pathology, run_dir, rank=dist.get_rank())
+    finally:
+        dist.destroy_process_group()
+
+
+def record_ddp(model_name: str, pathology: str, run_dir: str | os.PathLike[str],
+               timeout_s: float = 300.0) -> Path:
+    world = PATHOLOGIES[pathology].world_size
+    port = _free_port()
+    code = ("import sys; from tests.matrix.runner import ddp_rank; "
+            "ddp_rank(sys.argv[1], sys.argv[2], sys.argv[3])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, model_name, pathology,
+                               str(run_dir)], cwd=REPO_ROOT, env=_env(r, world, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for r in range(world)]
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout_s)
+            outs.append(out.decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs, strict=False):
+        if p.returncode != 0:
+            raise RuntimeError(f"DDP rank failed ({p.returncode}):\n{out[-3000:]}")
+    return Path(run_dir)
+
+
+def run_dir_of(root: Path, model: str, pathology: str) -> Path:
+    return root / f"{model}-{pathology}"
+
+
+def main(argv: list[str]) -> None:
+    """ROOT MODEL:PATHOLOGY ...: record each (DDP ones through their own rank processes)."""
+    root = Path(argv[0])
+    for item in argv[1:]:
+        model, pathology = item.split(":")
+        out = run_dir_of(root, model, pathology)
+        t0 = time.perf_counter()
+        if PATHOLOGIES[pathology].world_size > 1:
+            record_ddp(model, pathology, out)
+        else:
+            with contextlib.redirect_stdout(sys.stderr):
+                record(model, pathology, out)
+        print(f"{item}: {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
