@@ -50,6 +50,10 @@ class Finding:
     """What to try."""
     chart: str | None = None
     """Anchor of the report chart that shows it (e.g. 'memory', 'grad-heatmap')."""
+    caused_by: str | None = None
+    """Id of the root-cause finding that explains this one (``causality.link``)."""
+    explains: tuple[str, ...] = ()
+    """Ids of the findings this root cause explains (listed right after it)."""
 
     def __post_init__(self) -> None:
         if self.id not in FINDING_IDS:
@@ -68,6 +72,8 @@ class Finding:
             "evidence": self.evidence,
             "advice": self.advice,
             "chart": self.chart,
+            "caused_by": self.caused_by,
+            "explains": list(self.explains),
         }
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import ReportError, TracealyzeError
 from .figures import Chart
-from .findings import SEVERITIES, severity_rank
+from .findings import SEVERITIES
 from .report_context import ReportContext
 from .report_header import run_header
 from .report_text import format_evidence
@@ -110,18 +110,6 @@ def _build_summary(run: Any, overrides: Any) -> dict[str, Any]:
     from .summary import build_summary
 
     return build_summary(run, overrides=overrides)
-
-
-def _ranked(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    def key(f: dict[str, Any]) -> tuple[Any, ...]:
-        try:
-            sev = severity_rank(str(f.get("severity")))
-        except ValueError:
-            sev = 0
-        step = f.get("first_step")
-        return (-sev, step is None, step if step is not None else 0, str(f.get("id")))
-
-    return sorted(findings, key=key)
 
 
 def _training(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
@@ -271,7 +259,8 @@ def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Pa
     try:
         bar.step("opened run")
         summary = _build_summary(run, overrides)
-        findings = _ranked([dict(f) for f in summary.get("findings", [])])
+        # the summary's order: root causes first, each followed by what it explains
+        findings = [dict(f) for f in summary.get("findings", [])]
         bar.step("findings")
         model = collect(run, findings, bar.step, summary.get("gpu_time"))
     except TracealyzeError:  # RunDirError, ConfigError (bad overrides), ...: already clear

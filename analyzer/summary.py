@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import Run, open_run
-from .findings import SEVERITIES, Finding, rank_findings, severity_rank
+from .causality import link
+from .findings import SEVERITIES, Finding, severity_rank
 
 SUMMARY_SCHEMA_VERSION = 1
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -36,7 +37,8 @@ def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
 
 def analyze(run: Run, overrides: Any = None, *,
             config_file: Path | str | None = None) -> list[Finding]:
-    """All findings of all detectors, ranked (most severe first)."""
+    """All findings of all detectors, root causes first, each followed by the findings it
+    explains (``causality.link``); groups by their most severe member."""
     from . import config
     from .detectors.base import Context, discover
 
@@ -57,7 +59,7 @@ def analyze(run: Run, overrides: Any = None, *,
             findings.append(_failure(mod.ID, "raised an exception", e))
             continue
         findings.extend(found)
-    return rank_findings(findings)
+    return link(findings)
 
 
 def _clean(value: Any) -> Any:
@@ -157,8 +159,11 @@ def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
         if f.get("first_step") is not None:
             where.append(f"from step {f['first_step']}")
         lines.append("")
-        lines.append(f"{_MARK.get(f['severity'], '?')} {f['severity'].upper():8} {f['id']}: "
-                     f"{f['title']}" + (f"  [{', '.join(where)}]" if where else ""))
+        indent = "  ↳ " if f.get("caused_by") else ""
+        lines.append(f"{indent}{_MARK.get(f['severity'], '?')} {f['severity'].upper():8} "
+                     f"{f['id']}: {f['title']}" + (f"  [{', '.join(where)}]" if where else ""))
+        if f.get("caused_by"):
+            lines.append(f"    (a consequence of {f['caused_by']} above)")
         lines.extend(wrap.wrap(f["message"]))
         if f.get("advice"):
             lines.extend(wrap.wrap("Try: " + f["advice"]))

@@ -42,7 +42,8 @@ class ActivationCapture:
     def remove(self) -> None:
         self.hooks.remove()
 
-    def _on_activation(self, index: int, t: torch.Tensor) -> None:
+    def _on_activation(self, index: int, t: torch.Tensor | None,
+                       inp: torch.Tensor | None) -> None:
         cfg = self.config
         acc = self.current()
         if acc.act_seq >= MAX_ACT_PIECES:  # rec.step() not called for a long time: bound
@@ -50,7 +51,12 @@ class ActivationCapture:
         acc.act_seq += 1
         name = self.hooks.names[index]
         if cfg.activation_nonfinite:
-            acc.to_probe.append((name, t.numel(), acc.act_seq, t, t._version))
+            if t is not None:
+                acc.to_probe.append((name, t.numel(), acc.act_seq, t, t._version))
+            if inp is not None:  # the module's input: seq negated (rows.py tells them apart)
+                acc.to_probe.append((name, inp.numel(), -acc.act_seq, inp, inp._version))
+        if t is None:
+            return
         if due(cfg.activation_stats_every, acc.step):
             acc.act_stats.append((name, t.numel(), acc.act_seq, self.full.one(t)))
 

@@ -89,15 +89,16 @@ FINITE_PRESERVING: tuple[type[nn.Module], ...] = (
 class ActivationHooks:
     """Forward hooks on the model's modules: per-step NaN/Inf probes and cadence statistics.
 
-    ``on_output(index, tensor)``, ``on_input(tensor)`` and ``on_end()`` (the model's forward
-    returned) are the recorder's callbacks; hooks
+    ``on_output(index, output or None, input or None)``, ``on_input(tensor)`` and
+    ``on_end()`` (the model's forward returned) are the recorder's callbacks; hooks
     return immediately while torch.compile traces (telemetry must not cause graph breaks).
     Every step only the modules that need the probe are hooked (``probe=True``: all but
     :data:`FINITE_PRESERVING`; none otherwise) — each hook makes its module's call slower.
     :meth:`hook_all` adds the rest for a statistics step and takes them off again after it.
     """
 
-    def __init__(self, model: nn.Module, on_output: Callable[[int, torch.Tensor], None],
+    def __init__(self, model: nn.Module,
+                 on_output: Callable[[int, torch.Tensor | None, torch.Tensor | None], None],
                  on_input: Callable[[torch.Tensor], None], *, probe: bool,
                  on_end: Callable[[], None]) -> None:
         modules = [mod for _, mod in model.named_modules()]
@@ -130,17 +131,29 @@ class ActivationHooks:
     def _make(self, i: int):
         cb = self._cb
 
-        def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
+        def hook(_mod: nn.Module, inp: Any, out: Any) -> None:
             # Forward passes without autograd (evaluation, generation) are not training
             # steps: recording them would pile up pieces and blame eval NaNs on training.
             if is_compiling() or not torch.is_grad_enabled():
                 return
+            prev = self._last
             t = first_tensor(out)
             # A container (Sequential, ...) often returns its last child's output: that very
             # tensor was just checked, so skip it.
-            if t is not None and t is not self._last:
+            if t is None:
+                return
+            # The module's input too, so that a NaN made by plain code in a parent's forward
+            # is blamed on the parent, not on the child it was passed to. Not when it is the
+            # output probed just before (a chain: that probe already says it).
+            ti = first_tensor(inp)
+            if t is not prev:
                 self._last = t
-                cb(i, t)
+                cb(i, t, None if ti is None or ti is prev else ti)
+            elif ti is not None:
+                # A container returning its last child's output: that tensor was just
+                # checked; only its input is new (and says whether the container's own
+                # code made the NaN its child received).
+                cb(i, None, ti)
         return hook
 
     def remove(self) -> None:

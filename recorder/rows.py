@@ -272,18 +272,47 @@ def _activation_nonfinite(out: _Out, it: StepItem, p: Piece, bad: np.ndarray) ->
     held NaN/Inf), for a step where something went bad: rows with nonfinite = 1 for the
     modules whose output did (a flag, not a count: counts come with the full activation statistics
     at their cadence)."""
-    n = len(p.names)
-    out.append(("tensor_stats", {
-        "step": np.full(n, it.step, dtype=np.int64), "name": Codes(p.names, _arange(n)),
-        "kind": Codes(("activation",), np.zeros(n, np.int32)),
-        "numel": np.asarray(p.numels, dtype=np.int64), "nonfinite": bad.astype(np.float64),
-        "seq": np.asarray(p.seqs, dtype=np.int32)}))
-    # The first nonfinite output in forward-completion order. It may be one changed in place
-    # later (BatchNorm's output under ReLU(inplace=True) keeps the NaN BatchNorm made): one
-    # that is unchanged and nonfinite comes after it, so the NaN was there by then.
-    name = p.names[int(np.argmax(bad))]
-    where = "the input batch" if name == "<input>" else f"the output of module {name!r}"
+    seqs = np.asarray(p.seqs, dtype=np.int32)
+    outputs = seqs >= 0  # module inputs have their module's seq negated
+    # A step with full activation statistics has a row per module already (with counts):
+    # no second, flag-only row for the same module.
+    if not any(q.label == "activation" for q in it.pieces):
+        idx = np.flatnonzero(outputs)
+        names = tuple(p.names[i] for i in idx)
+        k = len(idx)
+        out.append(("tensor_stats", {
+            "step": np.full(k, it.step, dtype=np.int64), "name": Codes(names, _arange(k)),
+            "kind": Codes(("activation",), np.zeros(k, np.int32)),
+            "numel": np.asarray(p.numels, dtype=np.int64)[idx],
+            "nonfinite": bad[idx].astype(np.float64), "seq": seqs[idx]}))
+    name = nan_origin(p, bad, outputs)
+    where = "the input batch" if name == "<input>" else f"the forward of module {name!r}"
     _report_nonfinite(out, it, "activation", name, f"NaN/Inf first appeared in {where}")
+
+
+def nan_origin(p: Piece, bad: np.ndarray, outputs: np.ndarray) -> str:
+    """The module whose forward made the first NaN/Inf: the first nonfinite output in
+    forward-completion order, then up to the parent while the module's own input was
+    already nonfinite (plain code in the parent's forward made it before the call). The
+    first output may be one changed in place later (BatchNorm's output under
+    ReLU(inplace=True) keeps the NaN BatchNorm made): one that is unchanged and nonfinite
+    comes after it, so the NaN was there by then."""
+    if not (bad & outputs).any():  # only inputs: a container's child got it
+        first = int(np.argmax(bad))
+    else:
+        first = int(np.flatnonzero(bad & outputs)[0])
+    name = p.names[first]
+    late = p.late if p.late else (False,) * len(p.names)
+    bad_input = {p.names[i] for i in np.flatnonzero(bad & ~outputs) if not late[i]}
+    modules = set(p.names)  # every module that ran (probed output, input or both)
+    while name in bad_input:
+        if name == "<model>":
+            return "<input>"
+        parent = name.rpartition(".")[0]
+        while parent and parent not in modules:
+            parent = parent.rpartition(".")[0]
+        name = parent or "<model>"
+    return name
 
 
 def _report_nonfinite(out: _Out, it: StepItem, what: str, subject: str, message: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _data, _stats
+from . import _changes, _data, _stats
 from .base import Context
 
 ID = "gradient_explosion"
@@ -27,14 +27,22 @@ DEFAULTS: dict[str, Any] = {
     "smooth": 3,           # rolling-median points before looking (one noisy step is not growth)
     "sustain": 3,          # and stays above half that rise for this many points (or goes NaN)
     "min_up_frac": 0.6,    # share of rising steps between onset and crossing
-    "warmup_steps": 3,     # ignore the first steps (norms settle after init)
+    "warmup_steps": 3,     # ignore the first steps (norms settle after init) ...
+    "warmup_frac": 0.1,    # ... and this share of the run (early training's normal rise)
     "min_points": 8,
+    "min_share": 0.05,     # a layer's norm must reach this share of the total's typical
+                           # level (a tiny bias gradient growing 10x is not an explosion)
 }
 DOC = {
     "meaning": "Gradient norms grow geometrically (total or one layer): training is blowing up.",
-    "rule": "smoothed log grad norm rises by ln(factor) above its minimum over the previous "
-            "window steps, mostly monotonically (min_up_frac), and stays up for sustain points "
-            "or turns nonfinite; first_step is the onset (that minimum).",
+    "rule": "after warm-up (warmup_frac of the run), the smoothed log grad norm (before "
+            "clipping) rises by ln(factor) above both its minimum over the previous window "
+            "steps and its typical level since warm-up, mostly monotonically (min_up_frac), "
+            "stays up for sustain points or turns nonfinite; a layer must also reach "
+            "min_share of the total norm's typical level; and the loss must get worse over "
+            "the growth (rise by 2σ of its step noise, or turn nonfinite): norms that grow "
+            "while the loss keeps falling are learning. first_step is the onset, or the "
+            "learning-rate jump just before it.",
     "fixes": "Lower the learning rate, add gradient clipping (clip_grad_norm_), LR warm-up, "
              "normalisation layers, check the loss scale with fp16.",
 }
@@ -47,6 +55,7 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     step, x = step[ok], logn[ok]
     keep = step >= (step[0] + th["warmup_steps"] if len(step) else 0)
     step, x = step[keep], x[keep]
+    base_from = int(th.get("_warmup_idx", 0))  # typical level counted from warm-up on
     if len(x) < th["min_points"]:
         return None
     xs = _stats.rolling_median(x, int(th["smooth"]))
@@ -84,18 +93,61 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         level = typical[j] if np.isfinite(typical[j]) else lo[i]
         near = np.flatnonzero(xs[j:i + 1] <= max(level, lo[i]) + 0.1 * need)
         j = j + int(near[-1]) if len(near) else j
+        if int(step[j]) < int(th.get("_onset_min", 0)):
+            continue  # early training: norms rise and settle on their own
+        # the rise must also clear the series' typical level since warm-up (not just a
+        # local dip) and actually go up from where it started
+        lo_b = min(max(base_from, 0), j)
+        baseline = float(np.median(xs[lo_b:j + 1]))
+        peak = float(np.max(xs[i:i + int(th["sustain"]) + 1]))
+        if peak - baseline < need or x[i] <= x[j]:
+            continue
         slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
         return {"onset": int(step[j]), "cross": int(step[i]), "from": float(math.exp(x[j])),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
-                "max": float(math.exp(np.max(x)))}
+                "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline))}
     return None
+
+
+def _hurts(ctx: Context, res: Mapping[str, Any]) -> bool:
+    """Did the loss get worse over the growth (onset → a little after the crossing)? True
+    without a loss to tell (the norms alone must then do)."""
+    if res.get("first_nonfinite") is not None:
+        return True
+    r = _data.primary_rank(ctx, "loss")
+    if r is None:
+        return True
+    d = _data.steps(ctx)[r]
+    step, loss = d["step"], d["loss"]
+    ok = np.isfinite(loss)
+    if ok.sum() < 10:
+        return True
+    if (~ok & d["loss_given"] & (step >= res["onset"])).any():
+        return True  # the loss went nonfinite after the onset
+    step, loss = step[ok], loss[ok]
+    span = max(5, res["cross"] - res["onset"])
+    before = loss[(step >= res["onset"] - span) & (step <= res["onset"])]
+    after = loss[(step >= res["cross"]) & (step <= res["cross"] + span)]
+    if len(before) < 3 or len(after) < 3:
+        return True
+    noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
+    return float(np.median(after)) > float(np.median(before)) + 2 * noise
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     total = None
+    typical_total = None
     r = _data.primary_rank(ctx, "grad_norm")
+    th = dict(th)
+    lo_hi = ctx.rows("SELECT min(step), max(step) FROM steps")[0]
+    if lo_hi[0] is not None:
+        th["_onset_min"] = int(lo_hi[0]) + max(
+            int(th["warmup_steps"]), int(float(th["warmup_frac"]) * (lo_hi[1] - lo_hi[0] + 1)))
     if r is not None:
         d = _data.steps(ctx)[r]
+        g0 = d["grad_norm"][np.isfinite(d["grad_norm"]) & (d["grad_norm"] > 0)]
+        if len(g0):
+            typical_total = float(np.median(g0))
         g = d["grad_norm"]
         given = d["grad_norm_given"]
         with np.errstate(all="ignore"):
@@ -114,10 +166,24 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         cut = bad[0] if len(bad) else len(s["step0"])
         res = find_explosion(s["step0"][:cut].astype(np.int64), s["log_norm"][:cut],
                              bool(len(bad)), max(2, int(th["window"]) // size), th)
+        if res is not None and typical_total is not None and \
+                res["max"] < float(th["min_share"]) * typical_total:
+            res = None  # grows, but stays negligible next to the whole model's gradient
         if res is not None:
             res["name"] = name
             res["first_nonfinite"] = int(s["first_nonfinite"][bad[0]]) if len(bad) else None
             layers.append(res)
+    # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the
+    # norms grow. A layer whose gradient grows while the loss keeps falling is learning
+    # (BERT's attention query/key weights start near zero and grow 1000x as the heads learn
+    # to attend): not an explosion.
+    # (Unless the growth dwarfs the whole model's usual gradient: a layer ending 10x above
+    # the total's typical level is abnormal whatever the loss does yet.)
+    def extreme(x: Mapping[str, Any]) -> bool:
+        return typical_total is not None and x["max"] >= float(th["factor"]) * typical_total
+
+    total = total if total is not None and (_hurts(ctx, total) or extreme(total)) else None
+    layers = [x for x in layers if _hurts(ctx, x) or extreme(x)]
     if total is None and not layers:
         return []
     order = {n: i for i, n in enumerate(_data.model_order(ctx, "grad"))}
@@ -127,8 +193,13 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     subject = layers[0]["name"] if layers else "grad_norm"
     what = "total gradient norm" if total is not None else f"gradient norm of {subject}"
     nan_at = main.get("first_nonfinite")
-    msg = (f"The {what} grew from {main['from']:.3g} at step {main['onset']} to "
-           f"{main['to']:.3g} by step {main['cross']} (×{main['per_step']:.3g} per step)"
+    cause = _changes.near(ctx, int(first))
+    because = ""
+    if cause is not None:
+        first = cause["step"]
+        because = f", right after {_changes.describe(cause)}"
+    msg = (f"The {what} (before clipping) grew from {main['from']:.3g} at step "
+           f"{main['onset']} to {main['to']:.3g} by step {main['cross']}{because}"
            + (f", and went nonfinite at step {nan_at}" if nan_at is not None else "") + ".")
     if layers:
         msg += (f" {len(layers)} layer(s) explode, earliest {layers[0]['name']} from step "
@@ -142,4 +213,4 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                   "growth_per_step": main["per_step"], "max_norm": main["max"],
                   "first_nonfinite_step": nan_at, "total_norm_exploded": total is not None,
                   "layers": [x["name"] for x in layers[:10]],
-                  "layers_exploding": len(layers)})]
+                  "layers_exploding": len(layers), "cause": cause})]

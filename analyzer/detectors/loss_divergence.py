@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _data, _stats
+from . import _changes, _data, _stats
 from .base import Context
 
 ID = "loss_divergence"
@@ -17,7 +17,10 @@ MAX_POINTS = 2000
 DEFAULTS: dict[str, Any] = {
     "smooth_frac": 0.02,   # rolling-median window as a share of the steps ...
     "smooth_min": 5,       # ... at least this many steps
-    "rise": 1.0,           # final level − best > rise × max(|best|, start − best)
+    "rise": 0.5,           # final level − best > rise × (start − best) (what it had learned) ...
+    "rise_abs": 0.02,      # ... and > rise_abs × |best| ...
+    "noise_sigmas": 1.5,   # ... and the end (a median of tail steps) > this many σ of the
+                           # loss's step-to-step noise above the best tail/2-step median
     "tail_frac": 0.1,      # "final level" = median of the last tail_frac of the steps
     "max_p": 0.01,         # Mann–Kendall p of the rise after the best point
     "min_steps": 20,
@@ -26,8 +29,11 @@ DOC = {
     "meaning": "Training diverges: after reaching its best, the loss rises and stays high "
                "(or turns NaN).",
     "rule": "smoothed (rolling median) loss at the end exceeds the best smoothed loss by "
-            "rise × max(|best|, start − best), the rise after the best is significant "
-            "(Mann–Kendall p < max_p); nonfinite losses at the end count as diverged.",
+            "more than rise × (start − best), rise_abs × |best| and noise_sigmas × the "
+            "loss's step-to-step noise (a level shift: the loss may spike and then settle "
+            "at its new, worse level). A loss that turns nonfinite without "
+            "rising first is the nonfinite finding's. A learning-rate jump just before the "
+            "onset is named as its cause.",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
              "LR schedule, use bf16/loss scaling, normalise inputs.",
 }
@@ -57,25 +63,45 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     start = float(np.median(sm[: max(1, w)]))
     tail = max(w, int(len(loss) * float(th["tail_frac"])))
     end = float(np.median(loss[-tail:]))
-    ref = max(abs(best), start - best, 1e-12)
+    ref = max(start - best, 1e-12)
     after = sm[ib:]
     z, p = _stats.mann_kendall(after) if len(after) >= 5 else (0.0, 1.0)
-    rose = end - best > th["rise"] * ref and z > 0 and p < th["max_p"]
-    if not (rose or (tail_nonfinite and ib < len(sm) - 1 and sm[-1] > best)):
+    # The end of the *finite* loss must have risen: a loss that jumps straight from a
+    # healthy level to NaN is the nonfinite finding's (its noise before the NaN is not a
+    # divergence).
+    # Significance against the loss's own step noise, with levels that average it out:
+    # the end is a median of `tail` steps, so the best level compared with it is the lowest
+    # median over windows of half that (the minimum of a narrow rolling median is biased
+    # low by the noise itself).
+    noise = _stats.mad_sigma(np.diff(loss)) / np.sqrt(2.0)
+    best_level = float(np.nanmin(_stats.rolling_median(loss, max(w, tail // 2))))
+    rose = (end - best > th["rise"] * ref and end - best > th["rise_abs"] * abs(best)
+            and end - best_level > th["noise_sigmas"] * noise and ib < len(sm) - tail)
+    if not rose:
         return []
     level = end if not tail_nonfinite else float("inf")
-    onset_level = best + 0.1 * (min(end, best + 10 * ref) - best) if rose else best
-    above = np.flatnonzero(after > onset_level)
-    first = int(step[ib + above[0]]) if len(above) else int(step[ib])
-    how = ("turned nonfinite" if tail_nonfinite and not rose
-           else f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else ""))
+    # onset: the first raw loss after the best that leaves the best level by a tenth of
+    # the rise, and the smoothed loss stays above that from there
+    onset_level = best + 0.1 * min(end - best, 10 * max(ref, abs(best)))
+    raw_after = loss[ib:]
+    stays = np.flatnonzero(after <= onset_level)
+    from_i = int(stays[-1]) + 1 if len(stays) else 0
+    above = np.flatnonzero(raw_after[:from_i + 1] > onset_level)
+    i0 = int(above[above >= max(0, from_i - w)][0]) if (above >= max(0, from_i - w)).any() \
+        else from_i
+    first = int(step[min(ib + i0, len(step) - 1)])
+    how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
+    cause = _changes.near(ctx, first, after=w)
+    because = ""
+    if cause is not None:
+        first = cause["step"]
+        because = f", right after {_changes.describe(cause)}"
     return [Finding(
         id=ID, severity="error", subject="loss", first_step=first,
-        title="Loss diverges",
-        message=(f"The loss reached its best smoothed level {best:.4g} at step "
-                 f"{int(step[ib])}, then rose from about step {first} and {how} "
-                 f"(started at {start:.4g}; Mann–Kendall z={z:.1f}, p={p:.1e})."),
+        title="Loss diverges" + (" after a learning-rate jump" if cause else ""),
+        message=(f"The loss fell from {start:.4g} to {best:.4g} (step {int(step[ib])}), then "
+                 f"rose from step {first}{because}, and {how}."),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"best_loss": best, "best_step": int(step[ib]), "start_loss": start,
                   "end_loss": level, "rank": r, "mk_z": z, "p_value": p,
-                  "ended_nonfinite": tail_nonfinite})]
+                  "ended_nonfinite": tail_nonfinite, "cause": cause})]

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _data, _stats
+from . import _changes, _data, _stats
 from .base import Context
 
 ID = "loss_plateau"
@@ -22,6 +22,8 @@ DEFAULTS: dict[str, Any] = {
     "min_rel_decrease": 0.01,   # decrease < 1% of the loss level counts as "not decreasing"
     "max_p": 0.01,              # ... unless a Mann–Kendall test says it falls significantly
     "warn_frac": 0.8,           # plateau over ≥ this share of the run → warning, else info
+    "flat_band": 0.05,          # a plateau's window medians stay within this share of its level
+    "stall_drop": 0.2,          # ... when the loss fell by less than this share before it
     "points": 200,              # the series is reduced to this many window medians
 }
 DOC = {
@@ -29,7 +31,7 @@ DOC = {
     "rule": "the longest tail of the run where the loss (window medians) fell by less than "
             "min_rel_decrease of its level, or did not fall significantly (Mann–Kendall "
             "p ≥ max_p); warning when it covers ≥ warn_frac of the run and the whole run did "
-            "not decrease either, else info.",
+            "not decrease either (or fell by less than stall_drop before it), else info.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -47,12 +49,27 @@ def _decreasing(y: np.ndarray, th: Mapping[str, Any]) -> bool:
     return z < 0 and p < th["max_p"]
 
 
-def _climbs(y: np.ndarray) -> bool:
-    """Does the reduced series end far above where it started (its level more than doubles,
-    for a positive loss)? Then it is not a plateau: it diverges (loss_divergence's job)."""
+def _climbs(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+    """Does the reduced series rise meaningfully and significantly? Then it is not a
+    plateau: it diverges (loss_divergence's job), and a span that holds both the learning
+    and the divergence is neither."""
     k = max(1, len(y) // 5)
-    start = float(np.median(y[:k]))
-    return float(np.median(y[-k:])) - start > max(abs(start), 1e-12)
+    rise = float(np.max(y[k:]) if len(y) > k else y[-1]) - float(np.median(y[:k]))
+    level = max(float(np.median(np.abs(y))), 1e-12)
+    if rise < th["min_rel_decrease"] * level * 10:
+        return False
+    z, p = _stats.mann_kendall(y)
+    return z > 0 and p < th["max_p"]
+
+
+def _flat(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+    """Does the reduced series stay within a narrow band (its 10–90% range below
+    flat_band of its level plus 4x the noise of consecutive window medians)? A span that
+    holds both progress and a setback is not a plateau, even if it ends where it began."""
+    lo, hi = np.percentile(y, [10, 90])
+    level = max(float(np.median(np.abs(y))), 1e-12)
+    noise = _stats.mad_sigma(np.diff(y)) / np.sqrt(2.0)
+    return float(hi - lo) <= th["flat_band"] * level + 4 * noise
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
@@ -69,7 +86,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     for i in range(npts):
         if x[-1] - x[i] < min_len or npts - i < 6:
             break
-        if not _decreasing(y[i:], th) and not _climbs(y[i:]):
+        if not _decreasing(y[i:], th) and not _climbs(y[i:], th) and _flat(y[i:], th):
             plateau_i = i
             break
     if plateau_i is None:
@@ -79,16 +96,31 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     # "Never learned" needs the run as a whole not to have decreased either: a model that
     # converges quickly (loss down 99% in the first 15% of the steps) and then sits at its
     # noise floor has a long plateau too, but that is normal convergence.
-    sev = "warning" if frac >= th["warn_frac"] and not _decreasing(y, th) else "info"
+    # It stalled early when, before the plateau, it fell by less than stall_drop of its
+    # starting level (an LM stuck at its unigram loss; a quickly converged classifier
+    # instead drops ~99% before its plateau).
+    k = max(1, len(y) // 20)
+    start_level = float(np.median(y[:k]))
+    drop = (start_level - float(np.median(y[plateau_i:]))) / max(abs(start_level), 1e-12)
+    long = frac >= th["warn_frac"]
+    sev = "warning" if long and (not _decreasing(y, th) or drop < th["stall_drop"]) \
+        else "info"
     level = float(np.median(y[plateau_i:]))
     never = sev == "warning"
     title = "Loss is not decreasing" if never else "Loss has plateaued"
+    lr = _changes.lr_summary(ctx)
+    lr_note = ""
+    if never and lr is not None:
+        lr_note = (f" The learning rate was {lr['first']:.3g}"
+                   + (" throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})")
+                   + ": if the loss fell in the first steps and stalled, it is likely too "
+                   "high; if it never moved, too low (or the gradients do not flow).")
     return [Finding(
         id=ID, severity=sev, subject="loss", first_step=first, title=title,
         message=(f"From step {first} to {int(step[-1])} ({100 * frac:.0f}% of the run) the "
                  f"loss stayed around {level:.4g} without a significant decrease (less than "
                  f"{100 * th['min_rel_decrease']:.0f}% or not significant)."
-                 + (" The model does not seem to learn." if never else "")),
+                 + (" The model does not seem to learn." if never else "") + lr_note),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),
-                  "level": level, "rank": r})]
+                  "level": level, "rank": r, "lr": lr})]

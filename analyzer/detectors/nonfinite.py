@@ -25,8 +25,10 @@ DEFAULTS: dict[str, Any] = {
 DOC = {
     "meaning": "NaN or Inf appeared in the loss, gradients or activations.",
     "rule": "first step with a nonfinite loss, gradient norm, nonfinite_grads > 0, tensor "
-            "norm/nonfinite count or nonfinite event; subject = first module whose output went "
-            "nonfinite (activation stats), 'input' for a nonfinite batch, else the first "
+            "norm/nonfinite count or nonfinite event; subject = the module whose forward made "
+            "it: its output went nonfinite while its inputs were finite (debug preset's NaN "
+            "tracing probes module inputs and outputs; plain code in a parent's forward is the "
+            "parent's), 'input' for a nonfinite batch, else the first "
             "parameter (model order) with a nonfinite gradient. AMP overflow skips are info.",
     "fixes": "Lower the learning rate, clip gradients, guard log/sqrt/div with eps, check the "
              "input batch at that step, use bf16 or a GradScaler with fp16.",
@@ -73,7 +75,17 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     inp_steps = [s for (s,) in inp if s is not None]
     if inp_steps and min(inp_steps) <= first:
         subject, where = "input", "the input batch was already nonfinite"
-    # 2. the first module (post-order seq) whose activation went nonfinite at the first step
+    # 2. the module whose forward made it, as the recorder traced it (module inputs and
+    #    outputs: a NaN made by plain code in a parent's forward is the parent's) ...
+    if subject is None and q["activation"] is not None and q["activation"] <= first:
+        row = ctx.rows(
+            "SELECT subject FROM events WHERE kind = 'nonfinite' AND step = ? AND "
+            "subject IS NOT NULL AND json_extract_string(details, '$.source') = 'activation' "
+            "ORDER BY time LIMIT 1", [q["activation"]])
+        if row and str(row[0][0]) not in _INPUT_NAMES:
+            subject = str(row[0][0])
+            where = f"the forward of module {subject} made it (its inputs were finite)"
+    # ... else the first module (post-order seq) whose output went nonfinite at that step
     if subject is None and q["activation"] is not None and q["activation"] <= first:
         row = ctx.rows(
             "SELECT name, rank, seq FROM tensor_stats WHERE step = ? AND kind = 'activation' "

@@ -21,12 +21,17 @@ DEFAULTS: dict[str, Any] = {
     "max_rel_median": 1e-3,    # ... and ‖grad‖ below this × the median layer's ‖grad‖
     "min_frac": 0.8,           # in at least this share of the window's steps
     "min_points": 5,
+    "early_frac": 0.1,         # a layer below no_grad_rel × the median layer already in this
+    "no_grad_rel": 1e-6,       # first share of the run receives no gradient (info, not a trend)
 }
 DOC = {
     "meaning": "Some layers get (almost) no gradient: they do not learn.",
     "rule": "over the last window_frac of the run, in ≥ min_frac of the steps, "
             "‖grad‖/‖weight‖ < max_grad_weight and ‖grad‖ < max_rel_median × the median "
-            "layer's ‖grad‖ (geometric means per step bucket; exact zeros count).",
+            "layer's ‖grad‖ (geometric means per step bucket; exact zeros count). A "
+            "parameter already below no_grad_rel × the median layer in the first early_frac "
+            "of the run while its module's other parameters are not receives no gradient by "
+            "construction (an attention key bias): info, not a trend.",
     "fixes": "Use ReLU/GELU instead of saturating sigmoid/tanh, residual connections, "
              "normalisation (LayerNorm/BatchNorm), better init (Kaiming/Xavier); check for "
              "detach()/no_grad cutting the graph.",
@@ -60,6 +65,25 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         if n not in params:
             w[i] = np.nan
     start = int(nb * (1 - float(th["window_frac"])))
+    # Parameters whose gradient is (numerically) zero from the very first steps do not
+    # *vanish*: they receive no gradient by construction (BERT's attention key bias: softmax
+    # is invariant to it), or are unused. That is a different, informational finding.
+    early = g[:, :max(1, int(nb * float(th["early_frac"])))]
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            early_med = np.nanmedian(np.where(np.isfinite(early), early, np.nan), axis=0)
+            early_rel = np.nanmax(early - early_med, axis=1) if len(names) >= 2 else \
+                np.nanmax(early, axis=1)
+    # ... and isolated: its module's other parameters get a normal gradient (a depth-wise
+    # vanishing gradient shrinks a whole layer, weight and bias alike).
+    tiny = {names[i] for i in range(len(names))
+            if not np.isfinite(early_rel[i]) or early_rel[i] < math.log(th["no_grad_rel"])}
+    no_grad = [i for i, n in enumerate(names) if n in tiny and any(
+        m != n and m.rpartition(".")[0] == n.rpartition(".")[0] and m not in tiny
+        for m in names)]
     g, w = g[:, start:], w[:, start:]
     present = ~np.isnan(g)
     if present.sum(axis=1).max(initial=0) < th["min_points"]:
@@ -80,8 +104,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     frac = hit.sum(axis=1) / np.maximum(present.sum(axis=1), 1)
     bad = [i for i in range(len(names))
            if present[i].sum() >= th["min_points"] and frac[i] >= th["min_frac"]]
+    dead = [i for i in bad if i in set(no_grad)]
+    bad = [i for i in bad if i not in set(dead)]
     if not bad:
-        return []
+        return [_no_gradient(ctx, [names[i] for i in dead], len(names))] if dead else []
     with np.errstate(all="ignore"):
         rel = np.array([np.nanmedian(np.where(np.isfinite(g[i] - med), g[i] - med, np.nan))
                         if np.isfinite(g[i] - med).any() else -np.inf for i in bad])
@@ -110,3 +136,17 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                   "layers_total": len(names), "grad_norm": gnorm, "grad_weight_ratio": ratio,
                   "median_layer_grad_norm": math.exp(layer_med) if layer_med is not None
                   else None, "bucket_steps": int(tb["bucket_size"])})]
+
+
+def _no_gradient(ctx: Context, names: list[str], total: int) -> Finding:
+    return Finding(
+        id=ID, severity="info", subject=names[0], first_step=None,
+        title=f"{len(names)} parameter(s) receive no gradient",
+        message=(f"{', '.join(names[:5])}{' …' if len(names) > 5 else ''}: the gradient is "
+                 "(numerically) zero from the first steps on, not a decline. Usually by "
+                 "construction (an attention key bias: softmax ignores it) or an unused "
+                 "parameter."),
+        advice="Nothing to do if by construction; else check that the parameter is used in "
+               "the forward pass and not detached.",
+        chart=anchors.GRAD_HEATMAP,
+        evidence={"parameters": names[:20], "count": len(names), "layers_total": total})

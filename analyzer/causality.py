@@ -1,0 +1,99 @@
+"""Cause before symptom: link findings that one explains, and order them root cause first.
+
+A gradient explosion explains the NaN that follows it; a divergence explains the loss
+spikes and the plateau after it; a data-loading bottleneck explains an idle GPU. Sorting
+by severity alone lists "NaN at step 250" (critical) above "gradients exploding since step
+100, right after the LR went from 3e-4 to 3e-2" (error), which is the wrong way round for
+someone deciding what to fix.
+
+Each rule says: a finding of id ``symptom`` is explained by one of id ``cause`` when the
+cause starts no later than the symptom (``slack`` steps of detection blur allowed) and,
+where given, not too long before it (``within`` steps). A finding explained by another gets
+``caused_by`` (the root's id, following chains to the root); a root lists what it
+``explains``. Groups are ordered by their most severe member, then by the root's step; each
+root is followed by the findings it explains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .findings import Finding, rank_findings, severity_rank
+
+
+@dataclass(frozen=True)
+class Rule:
+    symptom: str
+    causes: tuple[str, ...]
+    """Candidate causes, in order of preference."""
+    slack: int = 2
+    within: int | None = None
+    needs_step: bool = True
+    """Both must have a first_step (else the rule does not apply)."""
+
+
+# The instability chain: a learning-rate jump (named in the cause's evidence) makes the
+# gradients explode, the loss diverge, spike and turn NaN; after that it plateaus.
+RULES: tuple[Rule, ...] = (
+    Rule("loss_divergence", ("gradient_explosion",), slack=5),
+    Rule("nonfinite", ("gradient_explosion", "loss_divergence")),
+    Rule("loss_spike", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
+    Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
+    Rule("update_ratio", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
+    Rule("training_crashed", ("nonfinite", "memory_leak"), needs_step=False),
+    Rule("gpu_idle", ("dataloader_bottleneck", "host_sync"), needs_step=False),
+)
+
+
+def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
+    if rule.needs_step:
+        if cause.first_step is None or symptom.first_step is None:
+            return False
+        if cause.first_step > symptom.first_step + rule.slack:
+            return False
+        if rule.within is not None and symptom.first_step - cause.first_step > rule.within:
+            return False
+    if symptom.id == "training_crashed" and cause.id == "memory_leak":
+        return bool(symptom.evidence.get("oom") or "memory" in symptom.message.lower())
+    return True
+
+
+def link(findings: Sequence[Finding]) -> list[Finding]:
+    """``findings`` with ``caused_by``/``explains`` set, ordered root cause first."""
+    ranked = rank_findings(list(findings))
+    parent: dict[int, int] = {}
+    rules = {r.symptom: r for r in RULES}
+    for i, f in enumerate(ranked):
+        rule = rules.get(f.id)
+        if rule is None or (f.severity == "info" and f.id != "loss_plateau"):
+            continue
+        for cause_id in rule.causes:
+            j = next((j for j, c in enumerate(ranked) if c.id == cause_id and j != i
+                      and _explains(c, f, rule)), None)
+            if j is not None:
+                parent[i] = j
+                break
+
+    def root(i: int) -> int:
+        seen = {i}
+        while i in parent and parent[i] not in seen:
+            i = parent[i]
+            seen.add(i)
+        return i
+
+    groups: dict[int, list[int]] = {}
+    for i in range(len(ranked)):
+        groups.setdefault(root(i), []).append(i)
+    order = sorted(groups, key=lambda r: (
+        -max(severity_rank(ranked[i].severity) for i in groups[r]),
+        ranked[r].first_step is None, ranked[r].first_step or 0, r))
+    out: list[Finding] = []
+    for r in order:
+        members = groups[r]
+        explained = tuple(dict.fromkeys(ranked[i].id for i in members if i != r))
+        out.append(dataclasses.replace(ranked[r], caused_by=None, explains=explained))
+        out.extend(dataclasses.replace(ranked[i], caused_by=ranked[r].id, explains=())
+                   for i in members if i != r)
+    return out

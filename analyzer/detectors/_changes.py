@@ -1,0 +1,73 @@
+"""What changed during a run that can explain a finding: learning-rate jumps (a broken
+schedule, a resumed run with the wrong LR), loss-scale drops (fp16 overflows) and resumes.
+
+Detectors attach the change that precedes their onset (``near``) to their finding, so the
+finding names it ("right after the learning rate went from 3e-4 to 3e-2 at step 100").
+Smooth schedules (warm-up, cosine decay) are not changes: a change is a jump of at least
+``MIN_JUMP``× between two consecutive recorded steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _data
+from .base import Context
+
+MIN_JUMP = 3.0
+"""Consecutive-step LR ratio (either way) that counts as a jump."""
+
+
+def lr_changes(ctx: Context) -> list[dict[str, Any]]:
+    """[{step, from, to, factor}] of the primary rank's LR jumps, in step order."""
+
+    def load() -> list[dict[str, Any]]:
+        r = _data.primary_rank(ctx, "lr")
+        if r is None:
+            return []
+        d = _data.steps(ctx)[r]
+        ok = np.isfinite(d["lr"]) & (d["lr"] > 0)
+        step, lr = d["step"][ok], d["lr"][ok]
+        if len(lr) < 2:
+            return []
+        ratio = lr[1:] / lr[:-1]
+        idx = np.flatnonzero((ratio >= MIN_JUMP) | (ratio <= 1 / MIN_JUMP))
+        return [{"step": int(step[i + 1]), "from": float(lr[i]), "to": float(lr[i + 1]),
+                 "factor": float(ratio[i])} for i in idx]
+
+    return ctx.cached("lr_changes", load)
+
+
+def near(ctx: Context, onset: int, before: int = 10, after: int = 2,
+         up_only: bool = True) -> dict[str, Any] | None:
+    """The LR jump closest before ``onset`` (at most ``before`` steps earlier, or up to
+    ``after`` steps later: smoothing and detection windows blur an onset by a step or two).
+    ``up_only``: only increases (what makes training blow up)."""
+    best = None
+    for c in lr_changes(ctx):
+        if up_only and c["factor"] < 1:
+            continue
+        if onset - before <= c["step"] <= onset + after and (
+                best is None or abs(c["step"] - onset) < abs(best["step"] - onset)):
+            best = c
+    return best
+
+
+def lr_summary(ctx: Context) -> dict[str, Any] | None:
+    """The run's learning rate at a glance: first, max, and whether it was constant."""
+    r = _data.primary_rank(ctx, "lr")
+    if r is None:
+        return None
+    lr = _data.steps(ctx)[r]["lr"]
+    lr = lr[np.isfinite(lr)]
+    if not len(lr):
+        return None
+    return {"first": float(lr[0]), "max": float(lr.max()),
+            "constant": bool(np.allclose(lr, lr[0], rtol=1e-6))}
+
+
+def describe(change: dict[str, Any]) -> str:
+    return (f"the learning rate went from {change['from']:.3g} to {change['to']:.3g} "
+            f"(×{change['factor']:.3g}) at step {change['step']}")
