@@ -42,7 +42,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("rank", "int32"), ("step", "int64"), ("time", "float64"), ("rss_bytes", "int64"),
         ("cuda_allocated_bytes", "int64"), ("cuda_reserved_bytes", "int64"),
         ("cuda_peak_bytes", "int64"), ("cuda_alloc_retries", "int64"), ("cuda_ooms", "int64"),
-        ("cuda_total_bytes", "int64"),
+        ("cuda_total_bytes", "int64"), ("heap_bytes", "int64"),
     ),
     "system": (
         ("rank", "int32"), ("time", "float64"), ("cpu_percent", "float32"),

@@ -243,7 +243,8 @@ class StepLifecycle:
             data_wait_s=acc.data_wait_s if acc.waited else None,
             floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
             scaler=acc.scaler, memory=memory, probe=self._probe,
-            rss=self._probe.rss() if memory else None, nonfinite_state=self._nonfinite_state,
+            rss=self._probe.rss() if memory else None,
+            heap=self._probe.heap() if memory else None, nonfinite_state=self._nonfinite_state,
             store_grad_norms=self.config.store_grad_norms,
             compute_s=(acc.grad_ready - acc.data_ready
                        if acc.grad_ready is not None and acc.data_ready is not None

@@ -187,7 +187,7 @@ def _memory_rows(out: _Out, mem: list[StepItem]) -> None:
     rows = []
     for it in mem:
         try:
-            rows.append((it, it.probe.snapshot(it.rss)))
+            rows.append((it, it.probe.snapshot(it.rss, it.heap)))
         except Exception as exc:
             out.append(("error", {"exc": exc}))
     if rows:
@@ -357,6 +357,7 @@ class StepItem:
     nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
     store_grad_norms: bool = True
     compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
+    heap: int | None = None  # malloc'd bytes in use, read with rss
 
     # The writer hands every run of consecutive queued steps to this at once.
     write_many = staticmethod(write_steps)

@@ -26,24 +26,58 @@ DEFAULTS: dict[str, Any] = {
     "min_steps": 30,             # need this many memory samples after warm-up
     "windows": 50,               # number of step windows whose floor (min) is fitted
     "min_slope_bytes": 4096,     # ignore slopes below this many bytes per step ...
-    "min_growth_bytes": 33554432,  # ... or a total floor growth below 32 MiB ...
+    "min_growth_bytes": 33554432,  # ... or a total floor growth below 32 MiB (RSS, CUDA;
+                                   # 8 MiB for heap_bytes, which has no allocator caching) ...
+    "min_growth_heap_bytes": 4194304,
+    "min_growth_heap_frac": 0.02,
+    "error_bytes_per_10k_steps": 1073741824,  # error when it would grow ≥ 1 GiB per 10k steps,
+                                             # else warning (a slow leak)
     "min_growth_frac": 0.05,     # ... or below 5% of the starting floor
     "max_p": 0.001,              # Mann–Kendall p-value for a significant rise
     "tail_ratio": 0.3,           # still rising at the end: last-half slope ≥ this × slope
 }
 DOC = {
-    "meaning": "Memory that survives every step keeps growing (host RSS or CUDA allocated).",
+    "meaning": "Memory that survives every step keeps growing (host heap in use, host RSS or "
+               "CUDA allocated).",
     "rule": "Theil–Sen slope of the per-window memory floor after warm-up is positive, "
             "significant (Mann–Kendall p < max_p), still rising in the last half, and the "
             "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
-            "the device capacity is known.",
+            "the device capacity is known. Host: heap_bytes (malloc in use: no allocator "
+            "caching, so min_growth_heap_bytes) when it shows the leak, else RSS; onset = where "
+            "a steady per-step rise begins (else the last window floor at the start level).",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies.",
 }
-COUNTERS = ("rss_bytes", "cuda_allocated_bytes")
+COUNTERS = ("heap_bytes", "rss_bytes", "cuda_allocated_bytes")
+HOST = ("heap_bytes", "rss_bytes")  # one host finding: the heap's when it shows the leak
 
 
-def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any]) -> dict[str, Any] | None:
+def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 5
+                 ) -> int | None:
+    """The step where a steady per-step rise begins: from there on, every ``window``
+    consecutive steps have at least half their increments above slope/2 (a counter that
+    grows by about ``slope`` every step, as malloc'd bytes do under a tensor leak). None
+    when the rise is not steady at that resolution (RSS grows in allocator-sized jumps):
+    the window-floor estimate stands then. Isolated jumps before the leak (a flush's
+    buffers) are single increments and do not start it."""
+    if slope <= 0 or len(val) < 3 * window:
+        return None
+    d = np.diff(val) * (1.0 / np.maximum(np.diff(step), 1))
+    rising = (d > slope / 2).astype(np.float64)
+    frac = np.convolve(rising, np.ones(window) / window, mode="valid")  # forward windows
+    low = np.flatnonzero(frac < 0.5)
+    i = int(low[-1]) + 1 if len(low) else 0
+    if i >= len(frac) - window:
+        return None
+    # the first rising increment at or after i is the leak's first effect: it started at
+    # the step before it
+    up = np.flatnonzero(rising[i:] > 0)
+    return int(step[i + int(up[0])]) if len(up) else None
+
+
+def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any],
+             min_growth: float | None = None, min_frac: float | None = None
+             ) -> dict[str, Any] | None:
     ok = np.isfinite(val)
     step, val = step[ok], val[ok]
     if len(step) < th["min_steps"]:
@@ -63,8 +97,9 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any]) -> dict[s
     half = len(x) // 2
     tail_slope, _ = _stats.theil_sen(x[half:], y[half:])
     if not (slope >= th["min_slope_bytes"] and z > 0 and p < th["max_p"]
-            and growth >= th["min_growth_bytes"]
-            and growth >= th["min_growth_frac"] * max(start, 1.0)
+            and growth >= (th["min_growth_bytes"] if min_growth is None else min_growth)
+            and growth >= (th["min_growth_frac"] if min_frac is None else min_frac) * max(
+                start, 1.0)
             and tail_slope >= th["tail_ratio"] * slope):
         return None
     # onset: the last window whose floor is still at the starting level (within a robust
@@ -74,13 +109,19 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any]) -> dict[s
     margin = max(3 * noise, 0.5 * slope * (x[1] - x[0]) if len(x) > 1 else 0.0)
     at_start = np.flatnonzero(y <= start + margin)
     first = int(x[at_start[-1]]) if len(at_start) else int(s[0])
+    # refined on the per-step values after warm-up when the rise is steady (window floors
+    # only place it within a window)
+    steady = steady_onset(s, v, slope)
+    width = float(x[1] - x[0]) if len(x) > 1 else 1.0
+    if steady is not None and abs(steady - first) <= max(3 * width, 0.1 * (s[-1] - s[0])):
+        first = steady
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
             "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     cols = ctx.arrays(
-        "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, "
+        "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, heap_bytes::DOUBLE AS heap_bytes, "
         "cuda_allocated_bytes::DOUBLE AS cuda_allocated_bytes, "
         "cuda_total_bytes::DOUBLE AS cuda_total_bytes FROM memory "
         "WHERE step IS NOT NULL ORDER BY rank, step")
@@ -89,13 +130,20 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     rank = np.asarray(cols["rank"])
     out = []
     device_total = ((ctx.run.meta.get("device") or {}).get("total_memory_bytes"))
+    host_found = False
     for counter in COUNTERS:
+        if counter in HOST and host_found:
+            continue
         best: tuple[int, dict[str, Any]] | None = None
         leaking = []
+        heap = counter == "heap_bytes"
+        min_growth = th["min_growth_heap_bytes"] if heap else None
+        min_frac = th["min_growth_heap_frac"] if heap else None
         for r in np.unique(rank):
             sel = rank == r
             vals = np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64)
-            res = _analyse(np.asarray(cols["step"][sel], np.int64), vals, th)
+            res = _analyse(np.asarray(cols["step"][sel], np.int64), vals, th, min_growth,
+                           min_frac)
             if res is None:
                 continue
             leaking.append(int(r))
@@ -113,7 +161,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             "floor_end_bytes": int(res["end"]), "p_value": res["p"],
             "steps_analysed": res["steps"], "rank": r, "ranks_leaking": leaking,
         }
-        severity = "error"
+        severity = ("error" if res["slope"] * 10_000 >= th["error_bytes_per_10k_steps"]
+                    else "warning")
         oom = ""
         if counter == "cuda_allocated_bytes" and res.get("total"):
             left = (res["total"] - res["end"]) / res["slope"]
@@ -124,7 +173,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                    f"about {int(max(0.0, left)):,} steps (step {ev['projected_oom_step']:,}).")
             if left <= res["steps"]:
                 severity = "critical"
-        what = "host RSS" if counter == "rss_bytes" else "CUDA allocated memory"
+        host_found = host_found or counter in HOST
+        what = {"rss_bytes": "host RSS", "heap_bytes": "host heap in use (malloc)",
+                "cuda_allocated_bytes": "CUDA allocated memory"}[counter]
         out.append(Finding(
             id=ID, severity=severity, subject=counter, first_step=res["first_step"],
             title=f"{what} grows {_stats.fmt_bytes(res['slope'])} per step",

@@ -27,8 +27,8 @@ class Truth:
 
     ids: tuple[str, ...] = ()
     """Finding ids acceptable as the top-ranked root cause; empty: a healthy run."""
-    subject: Callable[[Any], str | None] | None = None
-    """model spec -> the subject it must name (None: any)."""
+    subject: Callable[[Any], str | tuple[str, ...]] | None = None
+    """model spec -> the subject it must name, or the names it may give (None: any)."""
     step: int | None = None
     """The first step it must give (± STEP_TOLERANCE); None: not checked."""
     mentions: tuple[str, ...] = ()
@@ -70,11 +70,12 @@ PATHOLOGIES: dict[str, Pathology] = {
         truth=Truth(ids=("loss_divergence", "gradient_explosion", "nonfinite"),
                     step=LR_JUMP_STEP, mentions=("learning rate",)),
         lr_mult=lambda step: 100.0 if step >= LR_JUMP_STEP else 1.0, clip=1.0),
-    "leak": Pathology(truth=Truth(ids=("memory_leak",), subject=lambda spec: "rss_bytes",
+    "leak": Pathology(truth=Truth(ids=("memory_leak",),
+                                  subject=lambda spec: ("heap_bytes", "rss_bytes"),
                                   step=LEAK_STEP),
                       leak_from=LEAK_STEP),
     "slow_loader": Pathology(truth=Truth(ids=("dataloader_bottleneck",)),
-                             loader_delay_s=0.03),
+                             loader_delay_s=0.02),
     "nan_forward": Pathology(
         truth=Truth(ids=("nonfinite",), subject=lambda spec: spec.nan_parent, step=NAN_STEP),
         nan_at=NAN_STEP, preset="debug"),
