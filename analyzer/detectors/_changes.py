@@ -71,3 +71,28 @@ def lr_summary(ctx: Context) -> dict[str, Any] | None:
 def describe(change: dict[str, Any]) -> str:
     return (f"the learning rate went from {change['from']:.3g} to {change['to']:.3g} "
             f"(×{change['factor']:.3g}) at step {change['step']}")
+
+
+EARLY_FRAC = 0.1
+"""Share of the run that counts as 'from the start' for :func:`early_lr_note`."""
+
+
+def early_lr_note(ctx: Context, first_step: int | None) -> str:
+    """For an instability (spikes, explosion, divergence, NaN) that starts in the first
+    EARLY_FRAC of the run with no LR jump before it: a sentence naming the learning rate the
+    run started with, the usual culprit. Empty otherwise."""
+    if first_step is None:
+        return ""
+    lo, hi = ctx.rows("SELECT min(step), max(step) FROM steps")[0]
+    if lo is None or first_step > lo + EARLY_FRAC * (hi - lo + 1):
+        return ""
+    if any(c["step"] <= first_step for c in lr_changes(ctx)):
+        return ""
+    lr = lr_summary(ctx)
+    if lr is None:
+        return ""
+    return (f" It starts within the first {100 * EARLY_FRAC:.0f}% of the run at a learning "
+            f"rate of {lr['first']:.3g}"
+            + (" (constant)" if lr["constant"] else "")
+            + ": instability from the first steps usually means the learning rate is too "
+            "high (try 3–10× lower, or a warm-up).")

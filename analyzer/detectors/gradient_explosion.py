@@ -204,6 +204,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     if layers:
         msg += (f" {len(layers)} layer(s) explode, earliest {layers[0]['name']} from step "
                 f"{layers[0]['onset']}.")
+    if cause is None:
+        msg += _changes.early_lr_note(ctx, int(first))
     return [Finding(
         id=ID, severity="error", subject=subject, first_step=int(first),
         title=f"Gradient explosion from step {first}",

@@ -100,7 +100,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         id=ID, severity="error", subject="loss", first_step=first,
         title="Loss diverges" + (" after a learning-rate jump" if cause else ""),
         message=(f"The loss fell from {start:.4g} to {best:.4g} (step {int(step[ib])}), then "
-                 f"rose from step {first}{because}, and {how}."),
+                 f"rose from step {first}{because}, and {how}."
+                 + ("" if cause else _changes.early_lr_note(ctx, first))),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"best_loss": best, "best_step": int(step[ib]), "start_loss": start,
                   "end_loss": level, "rank": r, "mk_z": z, "p_value": p,

@@ -23,7 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "max_p": 0.01,              # ... unless a Mann–Kendall test says it falls significantly
     "warn_frac": 0.8,           # plateau over ≥ this share of the run → warning, else info
     "flat_band": 0.05,          # a plateau's window medians stay within this share of its level
-    "stall_drop": 0.2,          # ... when the loss fell by less than this share before it
+    "stall_frac": 0.6,          # or over ≥ this share when the loss fell by less than
+    "stall_drop": 0.2,          # this share of its starting level before it (stalled early)
     "points": 200,              # the series is reduced to this many window medians
 }
 DOC = {
@@ -31,7 +32,8 @@ DOC = {
     "rule": "the longest tail of the run where the loss (window medians) fell by less than "
             "min_rel_decrease of its level, or did not fall significantly (Mann–Kendall "
             "p ≥ max_p); warning when it covers ≥ warn_frac of the run and the whole run did "
-            "not decrease either (or fell by less than stall_drop before it), else info.",
+            "not decrease either, or covers ≥ stall_frac after the loss fell by less than "
+            "stall_drop before it (stalled early), else info.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -102,9 +104,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     k = max(1, len(y) // 20)
     start_level = float(np.median(y[:k]))
     drop = (start_level - float(np.median(y[plateau_i:]))) / max(abs(start_level), 1e-12)
-    long = frac >= th["warn_frac"]
-    sev = "warning" if long and (not _decreasing(y, th) or drop < th["stall_drop"]) \
-        else "info"
+    sev = "warning" if (frac >= th["warn_frac"] and not _decreasing(y, th)) or (
+        frac >= th["stall_frac"] and drop < th["stall_drop"]) else "info"
     level = float(np.median(y[plateau_i:]))
     never = sev == "warning"
     title = "Loss is not decreasing" if never else "Loss has plateaued"

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import anchors
 from ..findings import Finding
-from . import _data
+from . import _changes, _data
 from .base import Context
 
 ID = "nonfinite"
@@ -138,5 +138,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         title=f"NaN/Inf first appeared at step {first} in {subject}",
         message=(f"Nonfinite values appeared at step {first}: {where}."
                  + (f" The loss went nonfinite at step {q['loss']}."
-                    if q["loss"] is not None else "")),
+                    if q["loss"] is not None else "")
+                 + (_changes.early_lr_note(ctx, first) if subject not in _INPUT_NAMES
+                    else "")),
         advice=DOC["fixes"], evidence=ev, chart=anchors.GRAD_HEATMAP)]
