@@ -65,13 +65,17 @@ def _climbs(y: np.ndarray, th: Mapping[str, Any]) -> bool:
 
 
 def _flat(y: np.ndarray, th: Mapping[str, Any]) -> bool:
-    """Does the reduced series stay within a narrow band (its 10–90% range below
-    flat_band of its level plus 4x the noise of consecutive window medians)? A span that
-    holds both progress and a setback is not a plateau, even if it ends where it began."""
-    lo, hi = np.percentile(y, [10, 90])
+    """Does the reduced series stay within a narrow band (the medians of its five
+    consecutive blocks within flat_band of its level plus 4x the noise of consecutive window
+    medians)? A span that holds both progress and a setback is not a plateau, even if it
+    ends where it began."""
+    blocks = [float(np.median(b)) for b in np.array_split(y, min(5, len(y))) if len(b)]
     level = max(float(np.median(np.abs(y))), 1e-12)
     noise = _stats.mad_sigma(np.diff(y)) / np.sqrt(2.0)
-    return float(hi - lo) <= th["flat_band"] * level + 4 * noise
+    band = th["flat_band"] * level + 4 * noise
+    # and it starts at that level (not on the way there)
+    head = float(np.median(y[:max(3, len(y) // 20)]))
+    return max(blocks) - min(blocks) <= band and abs(head - float(np.median(y))) <= band
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
