@@ -149,9 +149,10 @@ STEPS: int = 3 + len(SECTIONS) + 1
 
 def collect(run: Any, findings: list[dict[str, Any]],
             tick: Callable[[str], None] = lambda _label: None,
-            gpu_time: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Everything the template needs, from an open run, its findings and the summary's GPU
-    time breakdown (computed once, by the summary)."""
+            gpu_time: list[dict[str, Any]] | None = None,
+            not_checked: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything the template needs, from an open run, its findings, the summary's GPU
+    time breakdown (computed once, by the summary) and what could not be checked."""
     from .report_events import event_rows, events_chart
 
     ranks = sorted(int(r) for r in (run.ranks or [0]))
@@ -175,6 +176,7 @@ def collect(run: Any, findings: list[dict[str, Any]],
     return {
         "header": run_header(run, ctx),
         "findings": findings,
+        "not_checked": not_checked or [],
         "sections": sections,
         "events_chart": ev_chart,
         "events": ev_rows, "event_groups": ev_groups, "event_total": ev_total,
@@ -262,7 +264,8 @@ def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Pa
         # the summary's order: root causes first, each followed by what it explains
         findings = [dict(f) for f in summary.get("findings", [])]
         bar.step("findings")
-        model = collect(run, findings, bar.step, summary.get("gpu_time"))
+        model = collect(run, findings, bar.step, summary.get("gpu_time"),
+                        summary.get("not_checked"))
     except TracealyzeError:  # RunDirError, ConfigError (bad overrides), ...: already clear
         raise
     except Exception as exc:

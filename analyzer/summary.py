@@ -16,6 +16,7 @@ from typing import Any
 
 from .catalog import Run, open_run
 from .causality import link
+from .coverage import not_checked
 from .findings import SEVERITIES, Finding, severity_rank
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -110,6 +111,8 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
                 # whether its heartbeat is stale by the format's rule
                 "killed": run.killed, "heartbeat_age_s": run.heartbeat_age_s()},
         "findings": [f.to_json() for f in findings],
+        # what could not be checked, and why (a healthy verdict covers only the rest)
+        "not_checked": not_checked(run),
     }
     try:
         gpu = _gpu_time(run)
@@ -146,11 +149,15 @@ def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
              f"steps={run.get('steps')}  ranks={len(ranks)} ({','.join(map(str, ranks)) or '-'})"]
     findings = summary.get("findings", [])
     counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
+    gaps = summary.get("not_checked") or []
     if not any(counts[s] for s in SEVERITIES[1:]):
-        lines.append("No problems found" + (f" ({counts['info']} note(s))."
-                                            if counts["info"] else "."))
+        lines.append(("No problems found in what could be checked" if gaps
+                      else "No problems found")
+                     + (f" ({counts['info']} note(s))." if counts["info"] else "."))
     else:
         lines.append(", ".join(f"{counts[s]} {s}" for s in reversed(SEVERITIES) if counts[s]))
+    for g in gaps:
+        lines.append(f"Not checked: {g['check']}: {g['why']} (to check it: {g['how']}).")
     wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
     for f in findings:
         where = []

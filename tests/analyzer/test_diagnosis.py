@@ -107,3 +107,23 @@ def test_early_stall_names_the_learning_rate(tmp_path):
     (p,) = [f for f in findings(run) if f["id"] == "loss_plateau"]
     assert p["severity"] == "warning"
     assert "learning rate was 0.1" in p["message"]
+
+
+def test_nothing_measured_is_not_called_healthy(tmp_path):
+    from tracealyze.analyzer.summary import render_text
+
+    run = make_run(tmp_path, steps=100, loss=None, grad_norm=None, data_wait=None)
+    summary = build_summary(run)
+    gaps = {g["check"]: g for g in summary["not_checked"]}
+    assert {"loss", "gradients", "data loading"} <= set(gaps)
+    assert "loss_divergence" in gaps["loss"]["detectors"]
+    assert "rec.step(loss=" in gaps["loss"]["how"]
+    text = render_text(summary)
+    assert "No problems found in what could be checked" in text
+    assert "Not checked: loss: no loss was recorded" in text
+
+
+def test_fully_recorded_run_has_nothing_unchecked(tmp_path):
+    run = make_run(tmp_path, steps=100, tensors=4)
+    summary = build_summary(run)
+    assert summary["not_checked"] == []

@@ -309,3 +309,14 @@ def test_heatmap_stays_bounded_for_big_models(tmp_path: Path) -> None:
     names = hm["extra"]["names"]
     assert len(names) <= 256 and len(hm["figure"]["data"][0]["z"]) == len(names)
     assert names[0].startswith("layers.0.weight … ") and "(3 tensors)" in names[0]
+
+
+def test_report_says_what_could_not_be_checked(tmp_path: Path) -> None:
+    from tests.runfactory import make_run
+    from tracealyze.analyzer.report import write_report
+
+    run = make_run(tmp_path, steps=100, loss=None, grad_norm=None)
+    text = write_report(run, tmp_path / "r.html").read_text()
+    assert "No problems found in what could be checked" in text
+    assert "Healthy run: no problems found" not in text
+    assert 'id="not-checked"' in text and "no loss was recorded" in text
