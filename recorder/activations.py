@@ -30,9 +30,37 @@ class ActivationCapture:
         self.full = full
         self.current = current
         self.guard = guard
+        self.traced = False
+        self.empty = 0
+        self.compiled = False
         self.hooks = ActivationHooks(model, self._on_activation, self._on_input,
                                      probe=config.activation_nonfinite,
                                      on_end=self._on_forward_end)
+
+    UNTRACED_AFTER = 3
+    """Committed steps with no module hook firing before the recorder says so (once)."""
+
+    def untraced(self, acc: StepAccum) -> str | None:
+        """Called at each commit until a hook has fired: after UNTRACED_AFTER steps in which
+        none did, the reason tracing cannot work (once), else None."""
+        if self.traced:
+            return None
+        if self.compiled:
+            self.traced = True  # (said once)
+            return ("the model is torch.compile'd: its module hooks are compiled away, so NaN "
+                    "tracing and activation statistics cannot run. The NaN origin falls back "
+                    "to the first parameter whose gradient went nonfinite; record a debug run "
+                    "without torch.compile to trace modules.")
+        if acc.act_seq:
+            self.traced = True
+            return None
+        self.empty += 1
+        if self.empty != self.UNTRACED_AFTER:
+            return None
+        return (f"no module forward hook fired in {self.empty} steps: NaN tracing and "
+                "activation statistics cannot run (a torch.compile'd model compiles its "
+                "hooks away; or the forward runs under no_grad/another model object). The "
+                "NaN origin falls back to the first parameter whose gradient went nonfinite.")
 
     def next_step(self, step: int) -> None:
         """Hook every module (statistics due at ``step``) or only those that can create a

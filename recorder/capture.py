@@ -55,6 +55,7 @@ class StepAccum:
     # (distributed runs: the rank's own compute before it waits for the all-reduce)
     data_ready: float | None = None
     grad_ready: float | None = None
+    opened: float = field(default_factory=time.perf_counter)  # previous step's end
     await_last: bool = False  # optimizer stepped before this cycle's last rec.step()
     scaler: bool = False
     ended: float | None = None  # wall time of the rec.step() that closed it

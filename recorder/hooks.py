@@ -29,6 +29,19 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
+def compiled(model: Any) -> bool:
+    """Whether ``model`` runs through torch.compile (``torch.compile(m)`` returns a wrapper
+    with ``_orig_mod``; ``m.compile()`` sets ``_compiled_call_impl`` on the module itself),
+    possibly inside DDP."""
+    seen = 0
+    while model is not None and seen < 8:
+        seen += 1
+        if hasattr(model, "_orig_mod") or getattr(model, "_compiled_call_impl", None) is not None:
+            return True
+        model = getattr(model, "module", None)
+    return False
+
+
 def is_compiling() -> bool:
     try:
         return bool(torch.compiler.is_compiling())

@@ -235,6 +235,10 @@ class StepLifecycle:
             self._count_error("optimizer_hook", exc)
 
     def _commit(self, acc: StepAccum) -> None:
+        if self._act is not None and not self._act.traced:
+            why = self._act.untraced(acc)
+            if why is not None:
+                self.event("activation_tracing_unavailable", why, severity="info")
         join_pieces(acc)
         host, event = pack(acc)
         memory = due(self.config.memory_every, acc.step)
@@ -246,11 +250,19 @@ class StepLifecycle:
             rss=self._probe.rss() if memory else None,
             heap=self._probe.heap() if memory else None, nonfinite_state=self._nonfinite_state,
             store_grad_norms=self.config.store_grad_norms,
-            compute_s=(acc.grad_ready - acc.data_ready
-                       if acc.grad_ready is not None and acc.data_ready is not None
-                       and acc.grad_ready > acc.data_ready else None),
+            compute_s=_compute_s(acc),
         )
         self._next_step = acc.step + 1
         self._rundir.step_committed()
         self._writer.submit(item, "steps")
 
+
+
+def _compute_s(acc: StepAccum) -> float | None:
+    """Distributed runs: the rank's own work before the all-reduce wait, from its batch's
+    arrival (or, without a wrapped loader, the previous step's end) to its last watched
+    gradient. None where no gradient hook fired (single-process runs)."""
+    if acc.grad_ready is None:
+        return None
+    start = acc.data_ready if acc.data_ready is not None else acc.opened
+    return acc.grad_ready - start if acc.grad_ready > start else None

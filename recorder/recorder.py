@@ -34,7 +34,7 @@ from .capture import Piece, StepAccum, event_row, exception_row
 from .config import RecorderConfig, check_arguments
 from .dist import rank_and_world
 from .gradients import GradReader
-from .hooks import unwrap_model
+from .hooks import compiled, unwrap_model
 from .lifecycle import StepLifecycle
 from .loader import TimedLoader
 from .process_hooks import ProcessHooks
@@ -76,6 +76,7 @@ class Recorder(StepLifecycle):
         check_arguments(run_dir, model, optimizer, scaler, resume)
         self.run_dir = Path(run_dir)
         self.model = unwrap_model(model) if model is not None else None
+        self._compiled_model = model is not None and compiled(model)
         self.optimizer = optimizer
         self.scaler = scaler
         self.rank, self.world_size = rank_and_world()
@@ -162,6 +163,8 @@ class Recorder(StepLifecycle):
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             self._act = ActivationCapture(self.model, cfg, self._full, lambda: self._acc,
                                           self._guard)
+            # Said at the first commit, clearly: hooks inside a compiled graph never fire.
+            self._act.compiled = self._compiled_model
             self._act.next_step(self._acc.step)
 
     def _watch_compute(self) -> None:
@@ -326,8 +329,10 @@ class Recorder(StepLifecycle):
             torch.autograd.set_detect_anomaly(False)
 
     def _counters(self) -> dict[str, Any]:
-        return {"dropped": dict(self._writer.dropped),
-                "recorder_errors": self.errors + self._writer.errors}
+        # (the writer's first flush can come before its constructor returned to us)
+        w = getattr(self, "_writer", None)
+        return {"dropped": dict(w.dropped) if w is not None else {},
+                "recorder_errors": self.errors + (w.errors if w is not None else 0)}
 
     def _heartbeat(self) -> None:
         """Called by the writer after each successful flush (writer thread)."""

@@ -115,6 +115,13 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     if subject is None:
         subject = "loss" if q["loss"] is not None and q["loss"] <= first else "grad_norm"
         where = f"the {subject} went nonfinite"
+    if q["activation"] is None:
+        untraced = ctx.rows("SELECT message FROM events WHERE kind = "
+                            "'activation_tracing_unavailable' ORDER BY time LIMIT 1")
+        if untraced:
+            where += (" (module-level NaN tracing could not run: "
+                      f"{str(untraced[0][0]).split(':')[0]})")
+            ev["activation_tracing"] = str(untraced[0][0])
 
     # AMP: nonfinite grads on steps the GradScaler skipped, with a finite loss, are expected
     amp = ctx.rows("SELECT count(*) FILTER (WHERE amp_skipped), count(amp_skipped), "

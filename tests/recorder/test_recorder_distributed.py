@@ -68,6 +68,11 @@ def test_two_rank_ddp_run(tmp_path: Path) -> None:
             run_dir / table).exists() else set()
         assert ranks_dirs <= {"rank=0", "rank=1"}
 
+    # Each rank's own compute before the all-reduce wait (what shows a straggler when the
+    # collective makes every rank's step time equal).
+    for rank in (0, 1):
+        c = [r["compute_s"] for r in rows(run_dir, "steps", rank)]
+        assert all(v is not None and 0 < v < 60 for v in c), c
     # DDP averaged the gradients: both ranks recorded the same gradient norms.
     g = {rank: [r["grad_norm"] for r in rows(run_dir, "steps", rank)] for rank in (0, 1)}
     assert g[0] == pytest.approx(g[1], rel=1e-5)

@@ -312,8 +312,9 @@ def test_heatmap_stays_bounded_for_big_models(tmp_path: Path) -> None:
 
 
 def test_report_says_what_could_not_be_checked(tmp_path: Path) -> None:
-    from tests.runfactory import make_run
     from tracealyze.analyzer.report import write_report
+
+    from tests.runfactory import make_run
 
     run = make_run(tmp_path, steps=100, loss=None, grad_norm=None)
     text = write_report(run, tmp_path / "r.html").read_text()
