@@ -91,11 +91,22 @@ def loss_chart(ctx: ReportContext) -> Chart | None:
     fig = figure(traces, xtitle="step", ytitle="loss",
                  shapes=spans_shapes(spans) + shapes, annotations=notes)
     _cover_spans(fig, env.x, spans)
-    rng = flat_range(env.y)
-    if rng:
-        fig["layout"]["yaxis"]["range"] = rng
-    fig["layout"]["updatemenus"] = [_log_toggle()]
+    # The scale from the data: a loss spanning more than an order of magnitude (a blow-up,
+    # or a loss falling towards 0) is a flat line on a linear axis.
+    ys = [v for v in env.y if v is not None and math.isfinite(v)] if env else []
+    if ys and min(ys) > 0 and max(ys) / min(ys) >= LOG_SPAN:
+        fig["layout"]["yaxis"]["type"] = "log"
+        caption += " Log scale: the loss spans more than an order of magnitude."
+    else:
+        rng = flat_range(env.y) if env else None
+        if rng:
+            fig["layout"]["yaxis"]["range"] = rng
+    fig["layout"]["updatemenus"] = [_log_toggle(log=fig["layout"]["yaxis"].get("type") == "log")]
     return Chart("loss", "Loss", fig, caption)
+
+
+LOG_SPAN = 20.0
+"""max/min of a positive loss from which its chart opens on a log axis."""
 
 
 def lr_chart(ctx: ReportContext) -> Chart | None:
@@ -178,7 +189,15 @@ def grad_heatmap(ctx: ReportContext) -> Chart | None:
     HEAT_LAYERS × HEAT_STEPS however big the model or long the run. One scan of tensor_stats:
     it is the largest table by far (20M rows for 100k steps × 200 tensors).
     """
-    where = "kind = 'grad' AND rank = ?"
+    return tensor_heatmap(ctx, "grad", "grad-heatmap", "Gradient norm per tensor", "‖grad‖",
+                          "gradient tensors in model order")
+
+
+def tensor_heatmap(ctx: ReportContext, kind: str, anchor: str, title: str, label: str,
+                   what: str) -> Chart | None:
+    """:func:`grad_heatmap` for any kind of tensor_stats rows (activation outputs too)."""
+    where = f"kind = '{kind}' AND rank = ? AND norm IS NOT NULL" if kind != "grad" \
+        else "kind = 'grad' AND rank = ?"
     xr = _heat_range(ctx, where)
     if xr is None:
         return None
@@ -232,11 +251,11 @@ def grad_heatmap(ctx: ReportContext) -> Chart | None:
     traces: list[dict[str, Any]] = [{
         "type": "heatmap", "x": xs, "y": list(range(nrows)), "z": z,
         "zmin": zmin, "zmax": max(zmax, zmin + 1e-6), "colorscale": "Viridis",
-        "colorbar": {"title": {"text": "‖grad‖"}, "tickvals": tickvals,
+        "colorbar": {"title": {"text": label}, "tickvals": tickvals,
                      "ticktext": ticktext, "thickness": 12},
         # customdata (name, norm) is filled in by the page's script from extra.names and z.
-        "hovertemplate": "%{customdata[0]}<br>steps from %{x}<br>max ‖grad‖ %{customdata[1]}"
-                         "<extra></extra>",
+        "hovertemplate": "%{customdata[0]}<br>steps from %{x}<br>max " + label
+                         + " %{customdata[1]}<extra></extra>",
         "xgap": 0, "ygap": 0,
     }]
     if bad_x:
@@ -244,26 +263,25 @@ def grad_heatmap(ctx: ReportContext) -> Chart | None:
                        "name": "NaN/Inf", "marker": {"symbol": "x-thin", "size": 7,
                                                      "color": RED, "line": {"width": 2,
                                                                             "color": RED}},
-                       "hovertemplate": "NaN/Inf gradient<br>steps from %{x}<extra></extra>"})
+                       "hovertemplate": f"NaN/Inf {kind}<br>steps from %{{x}}<extra></extra>"})
     tick_every = max(1, math.ceil(nrows / 40))
     tickvals_y = list(range(0, nrows, tick_every))
-    shapes, notes = finding_markers(ctx.findings, "grad-heatmap")
+    shapes, notes = finding_markers(ctx.findings, anchor)
     fig = figure(
-        traces, xtitle="step", ytitle="tensor",
+        traces, xtitle="step", ytitle="tensor" if kind != "activation" else "module",
         yaxis={"tickvals": tickvals_y, "ticktext": [short(labels[i]) for i in tickvals_y],
                "autorange": "reversed", "automargin": True, "tickfont": {"size": 10},
                "showgrid": False, "zeroline": False},
         xaxis={"showgrid": False}, showlegend=bool(bad_x), shapes=shapes, annotations=notes,
         height=max(320, min(900, 80 + 14 * nrows)),
     )
-    caption = (f"{len(names):,} gradient tensors in model order"
+    caption = (f"{len(names):,} {what}"
                + (f", {group} per row" if group > 1 else "")
                + f"; each cell is the largest norm over ~{max(1, round(width)):,} steps"
                + " (log colour scale).")
     if bad_x:
-        caption += " ✕ marks cells with a NaN/Inf gradient."
-    return Chart("grad-heatmap", "Gradient norm per tensor", fig, caption,
-                 extra={"names": [esc(n, 300) for n in labels]})
+        caption += f" ✕ marks cells with a NaN/Inf {kind}."
+    return Chart(anchor, title, fig, caption, extra={"names": [esc(n, 300) for n in labels]})
 
 
 def _log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
@@ -325,10 +343,11 @@ def metrics_chart(ctx: ReportContext) -> Chart | None:
     return Chart("metrics", "Metrics", fig, caption.strip())
 
 
-def _log_toggle() -> dict[str, Any]:
+def _log_toggle(log: bool = False) -> dict[str, Any]:
     """A linear/log switch for the y axis (losses span orders of magnitude)."""
     return {"type": "buttons", "direction": "right", "x": 1, "xanchor": "right", "y": 1.02,
-            "yanchor": "bottom", "showactive": True, "pad": {"r": 0, "t": 0},
+            "yanchor": "bottom", "showactive": True, "active": 1 if log else 0,
+            "pad": {"r": 0, "t": 0},
             "font": {"size": 11},
             "buttons": [
                 {"label": "linear", "method": "relayout", "args": [{"yaxis.type": "linear"}]},

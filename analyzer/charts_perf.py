@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .downsample import bucket_rows, envelopes, num
 from .figures import (
     BLUE,
@@ -73,15 +75,28 @@ def step_time_chart(ctx: ReportContext) -> Chart | None:
                        "slowest step in range", GREY, width=1,
                        hover="step %{x}<br>%{y:.3g} " + unit + "<extra>slowest</extra>",
                        opacity=0.7))
-    threshold = max(med + OUTLIER_MADS * 1.4826 * mad, 1.2 * med)
+    # The step_time_outlier detector's own rule (same steps left out, same threshold), so
+    # the caption's count is the finding's.
+    from .detectors import step_time_outlier as sto
+
+    cols = ctx.con.execute(f"SELECT step, duration_s FROM steps WHERE {ok} ORDER BY step",
+                           [ctx.rank]).fetchnumpy()
+    rule = sto.outliers(np.asarray(cols["step"], np.int64),
+                        np.asarray(cols["duration_s"], np.float64),
+                        ctx.knobs, sto.DEFAULTS)
     ev = (ctx.finding("step_time_outlier") or {}).get("evidence") or {}
-    if isinstance(ev.get("threshold_s"), (int, float)):
-        threshold = float(ev["threshold_s"])
+    threshold = float(ev["threshold_s"]) if isinstance(ev.get("threshold_s"), (int, float)) \
+        else (rule["threshold"] if rule else max(med + OUTLIER_MADS * 1.4826 * mad, 2 * med))
+    if rule is not None:
+        rule["mask"] = rule["sel"] & (np.asarray(cols["duration_s"]) > threshold)
+        slow = np.asarray(cols["step"])[rule["mask"]]
+    else:
+        slow = np.zeros(0, np.int64)
+    n_out = len(slow)
     out = ctx.con.execute(
-        f"SELECT step, duration_s, data_wait_s FROM steps WHERE {ok} AND duration_s > ? "
-        "ORDER BY duration_s DESC LIMIT ?", [ctx.rank, threshold, MAX_OUTLIERS]).fetchall()
-    n_out = ctx.scalar(f"SELECT count(*) FROM steps WHERE {ok} AND duration_s > ?",
-                       [ctx.rank, threshold]) or 0
+        f"SELECT step, duration_s, data_wait_s FROM steps WHERE {ok} AND step IN "
+        f"(SELECT unnest(?::BIGINT[])) ORDER BY duration_s DESC LIMIT ?",
+        [ctx.rank, [int(x) for x in slow], MAX_OUTLIERS]).fetchall() if n_out else []
     if out:
         out.sort()
         traces.append({
@@ -95,8 +110,10 @@ def step_time_chart(ctx: ReportContext) -> Chart | None:
     fig = figure(traces, xtitle="step", ytitle=f"step time ({unit})", shapes=shapes,
                  annotations=notes)
     caption = (f"Median step {med * mult:.3g} {unit}"
-               + (f"; {n_out:,} outlier steps above {threshold * mult:.3g} {unit}"
-                  f" (median + {OUTLIER_MADS:g}·MAD)" if n_out else "; no outlier steps")
+               + (f"; {n_out:,} slow step{'s' if n_out > 1 else ''} above "
+                  f"{threshold * mult:.3g} {unit} (circled; not counting the first steps and "
+                  "the recorder's own statistics and profiler steps)" if n_out
+                  else "; no outlier steps")
                + ". Areas are averages per step range"
                + (": orange is time blocked on the data loader." if has_wait
                   else "; the loader was not wrapped, so data wait is unknown."))
@@ -262,9 +279,10 @@ def ranks_charts(ctx: ReportContext) -> list[Chart]:
 
 
 def system_chart(ctx: ReportContext) -> Chart | None:
-    t0 = ctx.scalar("SELECT min(time) FROM system WHERE rank = ?", [ctx.rank])
-    if t0 is None:
-        return None
+    t0, n = ctx.con.execute("SELECT min(time), count(*) FROM system WHERE rank = ?",
+                            [ctx.rank]).fetchone()
+    if t0 is None or n < 2:
+        return None  # a run shorter than the sampling interval: nothing to draw
     x = f"(time - {float(t0)!r})"
     cols = (("cpu_percent", "host CPU", TEAL), ("proc_cpu_percent", "process CPU", BLUE),
             ("mem_percent", "host memory", PURPLE), ("gpu_util", "GPU utilisation", GREEN))
@@ -274,6 +292,9 @@ def system_chart(ctx: ReportContext) -> Chart | None:
               for c, label, colour in cols if envs[c]]
     if not traces:
         return None
+    if n < 30:  # a short run: a few samples, drawn as points too so none is lost
+        for t in traces:
+            t["mode"] = "lines+markers"
     fig = figure(traces, xtitle="time since start (s)", ytitle="utilisation (%)")
     return Chart("system", "Host and GPU utilisation", fig,
                  "Sampled about once a second in the background; process CPU can exceed 100% "

@@ -1,9 +1,10 @@
-"""Per-tensor charts of the report: dead activations (share of exact zeros in each module's
-output) and update/weight ratios, from the full statistics at their cadence."""
+"""Per-tensor charts of the report: activation norms per module, dead activations (share of
+exact zeros in each module's output) and update/weight ratios, from the full statistics at
+their cadence (debug preset)."""
 
 from __future__ import annotations
 
-from .anchors import ACTIVATIONS, UPDATE_RATIO
+from .anchors import ACTIVATION_NORMS, ACTIVATIONS, UPDATE_RATIO
 from .downsample import num
 from .figures import PALETTE, Chart, figure, finding_markers, line, short
 from .report_context import ReportContext
@@ -57,5 +58,16 @@ def update_ratio_chart(ctx: ReportContext) -> Chart | None:
                   caption="Parameters furthest from the usual ~1e-3 per step (log scale).")
 
 
+def activation_norms_chart(ctx: ReportContext) -> Chart | None:
+    """Each module's output norm over the run (debug preset's activation statistics): where
+    activations blow up or collapse, module by module."""
+    from .charts import tensor_heatmap
+
+    return tensor_heatmap(ctx, "activation", ACTIVATION_NORMS, "Activation norm per module",
+                          "‖output‖", "module outputs in forward order, at the "
+                          "activation-statistics cadence")
+
+
 def tensor_charts(ctx: ReportContext) -> list[Chart]:
-    return [c for c in (activations_chart(ctx), update_ratio_chart(ctx)) if c is not None]
+    return [c for c in (activation_norms_chart(ctx), activations_chart(ctx),
+                        update_ratio_chart(ctx)) if c is not None]

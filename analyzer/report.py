@@ -157,6 +157,7 @@ def collect(run: Any, findings: list[dict[str, Any]],
 
     ranks = sorted(int(r) for r in (run.ranks or [0]))
     ctx = ReportContext(con=run.con, ranks=ranks, rank=ranks[0] if ranks else 0,
+                        knobs=dict((getattr(run, "meta", None) or {}).get("knobs") or {}),
                         findings=findings,
                         gpu_time=[r for r in (gpu_time or []) if r.get("total_us")])
     sections: list[tuple[str, str, list[Chart]]] = []

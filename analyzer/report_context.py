@@ -20,6 +20,8 @@ class ReportContext:
     """The summary's GPU time breakdown per rank (computed once per report)."""
     buckets: int = 1000
     """Buckets per line chart; heatmaps and per-rank charts use fewer."""
+    knobs: dict[str, Any] = field(default_factory=dict)
+    """The recorder's knobs (run.json): which steps did planned extra work."""
 
     def scalar(self, sql: str, params: list[Any] | None = None) -> Any:
         row = self.con.execute(sql, params or []).fetchone()

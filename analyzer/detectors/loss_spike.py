@@ -88,11 +88,11 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  f"step {int(step[first])} ({loss[first]:.4g} vs local median "
                  f"{base[first]:.4g}); the largest at step {int(step[worst])} "
                  f"({loss[worst]:.4g} vs {base[worst]:.4g}, "
-                 f"{resid[worst] / max(sigma, 1e-12):.3g} robust σ)."
+                 f"{resid[worst] / max(sigma, 1e-12):.3g}× its usual step-to-step noise)."
                  + _changes.early_lr_note(ctx, int(step[first])) if len(idx) > 1 else
                  f"The loss jumped far above its local level at step {int(step[first])} "
                  f"({loss[first]:.4g} vs local median {base[first]:.4g}, "
-                 f"{resid[first] / max(sigma, 1e-12):.3g} robust σ)."
+                 f"{resid[first] / max(sigma, 1e-12):.3g}× its usual step-to-step noise)."
                  + _changes.early_lr_note(ctx, int(step[first]))),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"count": len(idx), "spike_steps": spikes, "rank": r,

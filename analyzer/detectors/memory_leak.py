@@ -179,11 +179,11 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         out.append(Finding(
             id=ID, severity=severity, subject=counter, first_step=res["first_step"],
             title=f"{what} grows {_stats.fmt_bytes(res['slope'])} per step",
-            message=(f"The per-step floor of {what} on rank {r} rose from "
+            message=(f"Since step {res['first_step']}, {what} on rank {r} grows by about "
+                     f"{_stats.fmt_bytes(res['slope'])} every step and is still rising: from "
                      f"{_stats.fmt_bytes(res['start'])} to {_stats.fmt_bytes(res['end'])} "
-                     f"({_stats.fmt_bytes(res['growth'])} over {res['steps']:,} steps after "
-                     f"warm-up, Theil–Sen slope {_stats.fmt_bytes(res['slope'])}/step, "
-                     f"Mann–Kendall p={res['p']:.1e}), rising since about step "
-                     f"{res['first_step']}." + oom),
+                     f"(+{_stats.fmt_bytes(res['growth'])}). At this rate that is "
+                     f"+{_stats.fmt_bytes(res['slope'] * 10_000)} per 10,000 steps."
+                     + oom),
             advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
     return out

@@ -62,18 +62,37 @@ def recorder_busy(knobs: Mapping[str, Any], step: np.ndarray) -> np.ndarray:
     return busy
 
 
+def outliers(step: np.ndarray, dur: np.ndarray, knobs: Mapping[str, Any],
+             th: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The outlier rule, shared with the report's step-time chart (so its caption counts
+    the same steps as the finding): over the steps after warm-up that are not the
+    recorder's own planned work, those slower than max(median + z·σ, (1 + min_rel)·median).
+    None with fewer than min_steps such steps."""
+    sel = (step >= step[0] + th["warmup_steps"]) & np.isfinite(dur) if len(step) else \
+        np.zeros(0, dtype=bool)
+    sel &= ~recorder_busy(knobs, step)
+    if sel.sum() < th["min_steps"]:
+        return None
+    d = dur[sel]
+    med = float(np.median(d))
+    sigma = _stats.mad_sigma(d)
+    threshold = max(med + th["z"] * max(sigma, 1e-9), (1 + th["min_rel"]) * med)
+    out = np.zeros(len(step), dtype=bool)
+    out[sel] = d > threshold
+    return {"mask": out, "sel": sel, "med": med, "sigma": sigma, "threshold": threshold}
+
+
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     best = None
     knobs = ctx.run.meta.get("knobs") or {}
     for r, d in _data.steps(ctx).items():
-        sel = (d["step"] >= d["step"][0] + th["warmup_steps"]) & np.isfinite(d["duration_s"])
-        sel &= ~recorder_busy(knobs, d["step"])
-        if sel.sum() < th["min_steps"]:
+        rule = outliers(d["step"], d["duration_s"], knobs, th)
+        if rule is None:
             continue
+        sel = rule["sel"]
         dur, step = d["duration_s"][sel], d["step"][sel]
-        med = float(np.median(dur))
-        sigma = _stats.mad_sigma(dur)
-        out = (dur - med > th["z"] * max(sigma, 1e-9)) & (dur > (1 + th["min_rel"]) * med)
+        med, sigma = rule["med"], rule["sigma"]
+        out = rule["mask"][sel]
         if not out.any():
             continue
         excess = float((dur[out] - med).sum())
@@ -81,7 +100,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         if best is None or share > best["share"]:
             ends = d["time"][sel][out]
             best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
-                    "steps": step[out], "durs": dur[out], "ends": ends}
+                    "steps": step[out], "durs": dur[out], "ends": ends,
+                    "threshold": rule["threshold"]}
     if best is None:
         return []
     busy = _machine_busy(ctx, best, th["busy_cpu_percent"])
@@ -103,6 +123,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         advice=DOC["fixes"], chart=anchors.STEP_TIME,
         evidence={"count": n, "outlier_steps": [int(s) for s in best["steps"][:20]],
                   "median_s": best["med"], "robust_sigma_s": best["sigma"],
+                  "threshold_s": best["threshold"],
                   "max_s": float(best["durs"][i]), "excess_s": best["excess"],
                   "time_share": best["share"], "rank": best["rank"],
                   "machine_cpu_pct_during": busy[0] if busy else None})]

@@ -1,35 +1,54 @@
-"""False-alarm and detection rates of the analyzer on a recorded matrix (README figures):
-``python -m tests.matrix.rates MATRIX_ROOT`` prints the markdown table."""
+"""False-alarm and detection rates of the analyzer on recorded matrix runs (README figures).
+
+    python -m tests.matrix.rates ROOT [ROOT ...]
+
+prints the markdown table over every ``<model>-<pathology>[-s<seed>]`` run directory under the
+roots (the test session's matrix, plus any extra seeds recorded with
+``python -m tests.matrix.runner ROOT model:pathology:seed ...``).
+"""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 from tests.matrix.models import MODELS
 from tests.matrix.pathologies import PATHOLOGIES
-from tests.matrix.runner import run_dir_of
 from tests.scenarios import checks
 
+_NAME = re.compile(r"^(?P<model>[a-z0-9]+)-(?P<pathology>[a-z0-9_]+?)(?:-s(?P<seed>\d+))?$")
 
-def rates_table(root: Path) -> str:
+
+def runs(*roots: Path) -> list[tuple[str, str, Path]]:
+    out = []
+    for root in roots:
+        for d in sorted(Path(root).iterdir()):
+            m = _NAME.match(d.name)
+            if d.is_dir() and m and m["model"] in MODELS and m["pathology"] in PATHOLOGIES:
+                out.append((m["model"], m["pathology"], d))
+    return out
+
+
+def rates_table(*roots: Path) -> str:
     from tests.matrix.test_matrix import judge
 
+    found = runs(*roots)
     lines = ["| pathology | runs | right | rate | misses |", "|---|---|---|---|---|"]
     for p in PATHOLOGIES:
-        ok, misses = 0, []
-        for m in MODELS:
-            run = run_dir_of(root, m, p)
-            problems = judge(m, p, checks.summarize(run), run)
+        mine = [(m, d) for m, q, d in found if q == p]
+        if not mine:
+            continue
+        misses = []
+        for m, d in mine:
+            problems = judge(m, p, checks.summarize(d), d)
             if problems:
-                misses.append(f"{m}: {'; '.join(problems)}")
-            else:
-                ok += 1
-        n = len(MODELS)
-        lines.append(f"| {p} | {n} | {ok} | {100 * ok / n:.0f}% | "
+                misses.append(f"{d.name}: {'; '.join(problems)}")
+        ok = len(mine) - len(misses)
+        lines.append(f"| {p} | {len(mine)} | {ok} | {100 * ok / len(mine):.0f}% | "
                      f"{'<br>'.join(misses) or '–'} |")
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    print(rates_table(Path(sys.argv[1])))
+    print(rates_table(*(Path(a) for a in sys.argv[1:])))

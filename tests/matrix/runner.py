@@ -35,12 +35,16 @@ BASE_KNOBS: dict[str, Any] = {"grad_norm_budget": 0.0, "flush_interval_s": 2.0,
 def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int
              ) -> Iterator[Any]:
     draw = spec.data(seed * 100 + rank)
+    # Drawn up front, as an efficient input pipeline would have them ready: sampling the
+    # synthetic language in the loop costs a third of a tiny model's step, which the
+    # recorder rightly reports as data-loading time.
+    batches = [draw(step) for step in range(STEPS)]
 
     def gen() -> Iterator[Any]:
-        for step in range(STEPS):
+        for batch in batches:
             if p.loader_delay_s:
                 time.sleep(p.loader_delay_s)  # decoding/augmentation in the main process
-            yield draw(step)
+            yield batch
 
     yield from rec.wrap_loader(gen())
 
@@ -154,22 +158,24 @@ def record_ddp(model_name: str, pathology: str, run_dir: str | os.PathLike[str],
     return Path(run_dir)
 
 
-def run_dir_of(root: Path, model: str, pathology: str) -> Path:
-    return root / f"{model}-{pathology}"
+def run_dir_of(root: Path, model: str, pathology: str, seed: int = 0) -> Path:
+    return root / (f"{model}-{pathology}" + (f"-s{seed}" if seed else ""))
 
 
 def main(argv: list[str]) -> None:
-    """ROOT MODEL:PATHOLOGY ...: record each (DDP ones through their own rank processes)."""
+    """ROOT MODEL:PATHOLOGY[:SEED] ...: record each (DDP ones through their own rank
+    processes; other seeds only for single-process runs)."""
     root = Path(argv[0])
     for item in argv[1:]:
-        model, pathology = item.split(":")
-        out = run_dir_of(root, model, pathology)
+        model, pathology, *rest = item.split(":")
+        seed = int(rest[0]) if rest else 0
+        out = run_dir_of(root, model, pathology, seed)
         t0 = time.perf_counter()
         if PATHOLOGIES[pathology].world_size > 1:
             record_ddp(model, pathology, out)
         else:
             with contextlib.redirect_stdout(sys.stderr):
-                record(model, pathology, out)
+                record(model, pathology, out, seed=seed)
         print(f"{item}: {time.perf_counter() - t0:.1f}s", flush=True)
 
 

@@ -101,4 +101,4 @@ def test_matrix_rates_table(matrix: Path) -> None:
     out = REPO_ROOT / "tests" / "_artifacts" / "matrix_rates.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(table)
-    assert "| healthy |" in table and os.path.getsize(out) > 0
+    assert f"| healthy | {len(MODELS)} |" in table and os.path.getsize(out) > 0

@@ -321,3 +321,43 @@ def test_report_says_what_could_not_be_checked(tmp_path: Path) -> None:
     assert "No problems found in what could be checked" in text
     assert "Healthy run: no problems found" not in text
     assert 'id="not-checked"' in text and "no loss was recorded" in text
+
+
+def test_step_time_caption_counts_the_findings_outliers(tmp_path: Path) -> None:
+    """The chart and the finding use one rule: their counts agree (they used to say 27 and
+    17 of the same run: warm-up and the recorder's own statistics steps counted in one)."""
+    import numpy as np
+    from tracealyze.analyzer.report import write_report
+    from tracealyze.analyzer.summary import build_summary
+
+    from tests.runfactory import make_run
+
+    rng = np.random.default_rng(0)
+    dur = 0.1 * np.exp(rng.normal(0, 0.05, 400))
+    dur[:3] = 2.0  # warm-up: slow, but not counted by either
+    dur[[50, 120, 121, 300]] = 1.5
+    run = make_run(tmp_path, steps=400, duration=dur)
+    (f,) = [f for f in build_summary(run)["findings"] if f["id"] == "step_time_outlier"]
+    text = write_report(run, tmp_path / "r.html").read_text()
+    m = re.search(r"(\d+) slow steps? above", text)
+    assert m and int(m.group(1)) == f["evidence"]["count"] == 4
+
+
+def test_loss_axis_scale_follows_the_data(tmp_path: Path) -> None:
+    """An exploding loss opens on a log axis (on a linear one it is a flat line, then a
+    wall); an ordinary one stays linear."""
+    import numpy as np
+    from tracealyze.analyzer.report import write_report
+
+    from tests.runfactory import make_run
+
+    s = np.arange(300)
+    runs = {"exploding": make_run(tmp_path, name="x", steps=300,
+                                  loss=np.where(s < 150, 2.0, 2.0 * 1.08 ** (s - 150.0))),
+            "ordinary": make_run(tmp_path, name="o", steps=300, loss=2.0 - s / 300)}
+    types = {}
+    for name, run in runs.items():
+        text = write_report(run, tmp_path / f"{name}.html").read_text()
+        (loss,) = [c for c in data_of(text)["charts"] if c["anchor"] == "loss"]
+        types[name] = loss["figure"]["layout"]["yaxis"].get("type", "linear")
+    assert types == {"exploding": "log", "ordinary": "linear"}
