@@ -55,6 +55,13 @@ def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
             return False
         if rule.within is not None and symptom.first_step - cause.first_step > rule.within:
             return False
+    if symptom.id == "nonfinite":
+        # only a growth or divergence that itself ended in NaN/Inf explains the NaN (a rise
+        # long before a NaN made elsewhere does not)
+        if cause.id == "gradient_explosion":
+            return cause.evidence.get("first_nonfinite_step") is not None
+        if cause.id == "loss_divergence":
+            return bool(cause.evidence.get("ended_nonfinite"))
     if symptom.id == "training_crashed" and cause.id == "memory_leak":
         return bool(symptom.evidence.get("oom") or "memory" in symptom.message.lower())
     return True

@@ -55,6 +55,16 @@ def near(ctx: Context, onset: int, before: int = 10, after: int = 2,
     return best
 
 
+def within(ctx: Context, lo: int, hi: int, up_only: bool = True) -> dict[str, Any] | None:
+    """The last LR jump in [lo, hi] (an onset estimate can come a few steps early on a
+    noisy loss: the jump before the rise is *clear* is the one that caused it)."""
+    best = None
+    for c in lr_changes(ctx):
+        if (not up_only or c["factor"] > 1) and lo <= c["step"] <= hi:
+            best = c
+    return best
+
+
 def lr_summary(ctx: Context) -> dict[str, Any] | None:
     """The run's learning rate at a glance: first, max, and whether it was constant."""
     r = _data.primary_rank(ctx, "lr")
@@ -78,19 +88,21 @@ EARLY_FRAC = 0.1
 
 
 def early_lr_note(ctx: Context, first_step: int | None) -> str:
-    """For an instability (spikes, explosion, divergence, NaN) that starts in the first
-    EARLY_FRAC of the run with no LR jump before it: a sentence naming the learning rate the
-    run started with, the usual culprit. Empty otherwise."""
+    """For an instability (spikes, explosion, divergence, NaN) with no LR jump before it: in
+    the first EARLY_FRAC of the run, a sentence naming the learning rate the run started
+    with, the usual culprit; later, with a constant learning rate, that rate as context.
+    Empty otherwise (a schedule's LR at that step is in the lr chart)."""
     if first_step is None:
         return ""
     lo, hi = ctx.rows("SELECT min(step), max(step) FROM steps")[0]
-    if lo is None or first_step > lo + EARLY_FRAC * (hi - lo + 1):
-        return ""
-    if any(c["step"] <= first_step for c in lr_changes(ctx)):
-        return ""
     lr = lr_summary(ctx)
-    if lr is None:
+    if lo is None or lr is None or any(c["step"] <= first_step for c in lr_changes(ctx)):
         return ""
+    if first_step > lo + EARLY_FRAC * (hi - lo + 1):
+        if not lr["constant"]:
+            return ""
+        return (f" The learning rate was {lr['first']:.3g} throughout (no schedule change "
+                "came before it).")
     return (f" It starts within the first {100 * EARLY_FRAC:.0f}% of the run at a learning "
             f"rate of {lr['first']:.3g}"
             + (" (constant)" if lr["constant"] else "")

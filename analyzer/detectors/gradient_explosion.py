@@ -82,8 +82,11 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         if up < th["min_up_frac"]:
             continue
         rest = xs[i:i + int(th["sustain"])]
+        # NaN/Inf right after the growth ends it; NaN long after (a bad batch 150 steps
+        # later) says nothing about this rise
+        nan_ends_it = ends_nonfinite and len(xs) - i <= w
         sustained = bool(np.all(rest >= lo[i] + need / 2)) and (
-            len(rest) >= th["sustain"] or ends_nonfinite or i + len(rest) == len(xs))
+            len(rest) >= th["sustain"] or nan_ends_it or i + len(rest) == len(xs))
         if not sustained:
             continue
         # onset: the last point still at the typical level before the rise (a flat, noisy
@@ -109,10 +112,18 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     return None
 
 
-def _hurts(ctx: Context, res: Mapping[str, Any]) -> bool:
-    """Did the loss get worse over the growth (onset → a little after the crossing)? True
-    without a loss to tell (the norms alone must then do)."""
-    if res.get("first_nonfinite") is not None:
+def _nan_after(res: Mapping[str, Any], nan_at: int | None, window: int) -> int | None:
+    """The step the growth ended in NaN/Inf: only when that came within ``window`` steps of
+    its crossing (a NaN made elsewhere much later is not this growth's end)."""
+    return nan_at if nan_at is not None and nan_at - res["cross"] <= window else None
+
+
+def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
+    """Did the loss get worse over the growth (onset → a little after the crossing), or did
+    the growth end in NaN/Inf within ``window`` steps? True without a loss to tell (the
+    norms alone must then do)."""
+    nan_at = res.get("first_nonfinite")
+    if nan_at is not None and nan_at - res["cross"] <= window:
         return True
     r = _data.primary_rank(ctx, "loss")
     if r is None:
@@ -122,8 +133,9 @@ def _hurts(ctx: Context, res: Mapping[str, Any]) -> bool:
     ok = np.isfinite(loss)
     if ok.sum() < 10:
         return True
-    if (~ok & d["loss_given"] & (step >= res["onset"])).any():
-        return True  # the loss went nonfinite after the onset
+    if (~ok & d["loss_given"] & (step >= res["onset"])
+            & (step <= res["cross"] + window)).any():
+        return True  # the loss went nonfinite right after the growth
     step, loss = step[ok], loss[ok]
     span = max(5, res["cross"] - res["onset"])
     before = loss[(step >= res["onset"] - span) & (step <= res["onset"])]
@@ -157,7 +169,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         total = find_explosion(d["step"][:cut], logn[:cut], bool(len(bad)), int(th["window"]),
                                th)
         if total is not None:
-            total["first_nonfinite"] = int(d["step"][bad[0]]) if len(bad) else None
+            total["first_nonfinite"] = _nan_after(total, int(d["step"][bad[0]]) if len(bad)
+                                                  else None, int(th["window"]))
     layers = []
     tb = _data.tensor_buckets(ctx)
     size = tb["bucket_size"]
@@ -171,7 +184,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             res = None  # grows, but stays negligible next to the whole model's gradient
         if res is not None:
             res["name"] = name
-            res["first_nonfinite"] = int(s["first_nonfinite"][bad[0]]) if len(bad) else None
+            res["first_nonfinite"] = _nan_after(
+                res, int(s["first_nonfinite"][bad[0]]) if len(bad) else None,
+                int(th["window"]))
             layers.append(res)
     # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the
     # norms grow. A layer whose gradient grows while the loss keeps falling is learning
@@ -182,8 +197,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     def extreme(x: Mapping[str, Any]) -> bool:
         return typical_total is not None and x["max"] >= float(th["factor"]) * typical_total
 
-    total = total if total is not None and (_hurts(ctx, total) or extreme(total)) else None
-    layers = [x for x in layers if _hurts(ctx, x) or extreme(x)]
+    win = int(th["window"])
+    total = total if total is not None and (_hurts(ctx, total, win) or extreme(total)) \
+        else None
+    layers = [x for x in layers if _hurts(ctx, x, win) or extreme(x)]
     if total is None and not layers:
         return []
     order = {n: i for i, n in enumerate(_data.model_order(ctx, "grad"))}
@@ -193,7 +210,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     subject = layers[0]["name"] if layers else "grad_norm"
     what = "total gradient norm" if total is not None else f"gradient norm of {subject}"
     nan_at = main.get("first_nonfinite")
-    cause = _changes.near(ctx, int(first))
+    cause = _changes.within(ctx, int(first) - 10, int(main["cross"]) + 2)
     because = ""
     if cause is not None:
         first = cause["step"]

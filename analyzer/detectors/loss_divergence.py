@@ -91,7 +91,11 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         else from_i
     first = int(step[min(ib + i0, len(step) - 1)])
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
-    cause = _changes.near(ctx, first, after=w)
+    # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)
+    # its final level: the jump that caused it comes before that
+    reach = np.flatnonzero(after >= end - 0.1 * (end - best))
+    clear = int(step[ib + int(reach[0])]) if len(reach) else first
+    cause = _changes.within(ctx, min(first, clear) - 10, max(first, clear) + 2)
     because = ""
     if cause is not None:
         first = cause["step"]

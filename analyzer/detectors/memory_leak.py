@@ -76,8 +76,8 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
 
 
 def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any],
-             min_growth: float | None = None, min_frac: float | None = None
-             ) -> dict[str, Any] | None:
+             min_growth: float | None = None, min_frac: float | None = None,
+             precise: bool = False) -> dict[str, Any] | None:
     ok = np.isfinite(val)
     step, val = step[ok], val[ok]
     if len(step) < th["min_steps"]:
@@ -113,7 +113,11 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any],
     # only place it within a window)
     steady = steady_onset(s, v, slope)
     width = float(x[1] - x[0]) if len(x) > 1 else 1.0
-    if steady is not None and abs(steady - first) <= max(3 * width, 0.1 * (s[-1] - s[0])):
+    # (malloc'd bytes move step by step, so a steady rise there dates the leak better than
+    # window floors, which a one-off allocation earlier can lift; RSS moves in allocator-
+    # sized jumps: there the steady estimate is only a refinement of the floors')
+    if steady is not None and (precise or abs(steady - first) <= max(3 * width,
+                                                                        0.1 * (s[-1] - s[0]))):
         first = steady
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
             "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
@@ -143,7 +147,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             sel = rank == r
             vals = np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64)
             res = _analyse(np.asarray(cols["step"][sel], np.int64), vals, th, min_growth,
-                           min_frac)
+                           min_frac, precise=heap)
             if res is None:
                 continue
             leaking.append(int(r))
