@@ -232,6 +232,7 @@ def make_run(
     duration: Any = "default",
     data_wait: Any = "default",
     nonfinite_grads: Any = 0,
+    loss_scale: Any = None,
     tensors: int | Sequence[str] = 0,
     tensor_kinds: Sequence[str] = ("grad", "param", "update"),
     tensor_norm: Callable[[np.ndarray, str, str], Any] | None = None,
@@ -301,6 +302,8 @@ def make_run(
             "nonfinite_grads": (nfg.astype(np.int32) if nfg is not None
                                 else pa.nulls(n, pa.int32())),
         }
+        if loss_scale is not None:
+            steps_tbl["loss_scale"] = series(loss_scale, step_arr, rank)
         _write_table_parts(run_dir, "steps", rank, to_arrow("steps", steps_tbl), parts, merged)
 
         # memory

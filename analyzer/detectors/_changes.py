@@ -1,5 +1,5 @@
 """What changed during a run that can explain a finding: learning-rate jumps (a broken
-schedule, a resumed run with the wrong LR), loss-scale drops (fp16 overflows) and resumes.
+schedule, a resumed run with the wrong LR), loss-scale collapses (fp16 overflows) and resumes.
 
 Detectors attach the change that precedes their onset (``near``) to their finding, so the
 finding names it ("right after the learning rate went from 3e-4 to 3e-2 at step 100").
@@ -55,12 +55,51 @@ def near(ctx: Context, onset: int, before: int = 10, after: int = 2,
     return best
 
 
+SCALE_DROP = 8.0
+"""A GradScaler scale falling this many times within SCALE_WINDOW steps is a collapse (one
+halving per overflow is the scaler's normal work)."""
+SCALE_WINDOW = 10
+
+
+def other_changes(ctx: Context) -> list[dict[str, Any]]:
+    """Resumes (``resumed`` events) and loss-scale collapses, as changes: {step, kind, text}."""
+
+    def load() -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for (step,) in ctx.rows("SELECT DISTINCT step FROM events WHERE kind = 'resumed' "
+                                "AND step IS NOT NULL ORDER BY step"):
+            out.append({"step": int(step), "kind": "resume",
+                        "text": f"the run was resumed at step {int(step)}"})
+        r = _data.primary_rank(ctx, "loss_scale")
+        if r is not None:
+            d = _data.steps(ctx)[r]
+            ok = np.isfinite(d["loss_scale"]) & (d["loss_scale"] > 0)
+            step, sc = d["step"][ok], d["loss_scale"][ok]
+            i = 0
+            while i < len(sc):
+                j = int(np.searchsorted(step, step[i] + SCALE_WINDOW, side="right"))
+                k = i + int(np.argmin(sc[i:j]))
+                if sc[i] / sc[k] >= SCALE_DROP:
+                    a = i + int(np.argmax(sc[i:k + 1] < sc[i]))  # the first halving
+                    out.append({"step": int(step[a]), "kind": "loss_scale",
+                                "text": f"the loss scale collapsed from {sc[i]:g} to "
+                                        f"{sc[k]:g} (steps {int(step[a])}–{int(step[k])})"})
+                    i = k + 1
+                else:
+                    i += 1
+        return sorted(out, key=lambda c: c["step"])
+
+    return ctx.cached("other_changes", load)
+
+
 def within(ctx: Context, lo: int, hi: int, up_only: bool = True) -> dict[str, Any] | None:
-    """The last LR jump in [lo, hi] (an onset estimate can come a few steps early on a
-    noisy loss: the jump before the rise is *clear* is the one that caused it)."""
+    """The last change in [lo, hi] that can start an instability: an LR increase, a resume,
+    a loss-scale collapse (an onset estimate can come a few steps early on a noisy loss: the
+    change before the rise is *clear* is the one that caused it)."""
     best = None
-    for c in lr_changes(ctx):
-        if (not up_only or c["factor"] > 1) and lo <= c["step"] <= hi:
+    cands = [c for c in lr_changes(ctx) if not up_only or c["factor"] > 1] + other_changes(ctx)
+    for c in sorted(cands, key=lambda c: c["step"]):
+        if lo <= c["step"] <= hi:
             best = c
     return best
 
@@ -79,6 +118,8 @@ def lr_summary(ctx: Context) -> dict[str, Any] | None:
 
 
 def describe(change: dict[str, Any]) -> str:
+    if "text" in change:
+        return str(change["text"])
     return (f"the learning rate went from {change['from']:.3g} to {change['to']:.3g} "
             f"(×{change['factor']:.3g}) at step {change['step']}")
 

@@ -102,7 +102,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         because = f", right after {_changes.describe(cause)}"
     return [Finding(
         id=ID, severity="error", subject="loss", first_step=first,
-        title="Loss diverges" + (" after a learning-rate jump" if cause else ""),
+        title="Loss diverges" + ((" after a learning-rate jump" if "factor" in cause else
+                                  f" after step {cause['step']}") if cause else ""),
         message=(f"The loss fell from {start:.4g} to {best:.4g} (step {int(step[ib])}), then "
                  f"rose from step {first}{because}, and {how}."
                  + ("" if cause else _changes.early_lr_note(ctx, first))),

@@ -127,3 +127,29 @@ def test_fully_recorded_run_has_nothing_unchecked(tmp_path):
     run = make_run(tmp_path, steps=100, tensors=4)
     summary = build_summary(run)
     assert summary["not_checked"] == []
+
+
+def test_divergence_right_after_a_resume_names_it(tmp_path):
+    """A run resumed at step 150 (say with a fresh optimizer state) that then loses what it
+    had learned: the finding names the resume."""
+    rng = np.random.default_rng(1)
+    loss = np.where(S < 150, 4.2 - 3.0 * S / 150, 3.0) + rng.normal(0, 0.05, 300)
+    run = make_run(tmp_path, steps=300, loss=loss, events=[
+        {"step": 150, "kind": "resumed", "severity": "info",
+         "message": "run resumed at step 150"}])
+    (d,) = [f for f in findings(run) if f["id"] == "loss_divergence"]
+    assert d["first_step"] == 150
+    assert "resumed at step 150" in d["message"]
+
+
+def test_loss_scale_collapse_is_a_change(tmp_path):
+    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.detectors import _changes
+    from tracealyze.analyzer.detectors.base import Context
+
+    scale = 65536.0 / 2.0 ** np.clip(S - 199, 0, 6)
+    run = make_run(tmp_path, steps=300, loss_scale=scale)
+    with open_run(run) as r:
+        (c,) = _changes.other_changes(Context(run=r))
+    assert c["kind"] == "loss_scale" and 199 <= c["step"] <= 200
+    assert "65536" in c["text"]
