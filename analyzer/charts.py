@@ -119,9 +119,13 @@ def lr_chart(ctx: ReportContext) -> Chart | None:
                        hover="step %{x}<br>lr %{y:.3g}<extra></extra>")],
                  xtitle="step", ytitle="learning rate", shapes=shapes, annotations=notes)
     fig["data"][0]["line"]["shape"] = "hv"  # schedules change in steps
-    rng = flat_range(env.y)
-    if rng:
-        fig["layout"]["yaxis"]["range"] = rng
+    ys = [v for v in env.y if v is not None and math.isfinite(v)]
+    if ys and min(ys) > 0 and max(ys) / min(ys) >= LOG_SPAN:  # a ×100 jump, a long decay
+        fig["layout"]["yaxis"]["type"] = "log"
+    else:
+        rng = flat_range(env.y)
+        if rng:
+            fig["layout"]["yaxis"]["range"] = rng
     return Chart("lr", "Learning rate", fig, wide=False)
 
 

@@ -22,7 +22,6 @@ DEFAULTS: dict[str, Any] = {
     "noise_sigmas": 1.5,   # ... and the end (a median of tail steps) > this many σ of the
                            # loss's step-to-step noise above the best tail/2-step median
     "tail_frac": 0.1,      # "final level" = median of the last tail_frac of the steps
-    "max_p": 0.01,         # Mann–Kendall p of the rise after the best point
     "min_steps": 20,
 }
 DOC = {
@@ -65,7 +64,6 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     end = float(np.median(loss[-tail:]))
     ref = max(start - best, 1e-12)
     after = sm[ib:]
-    z, p = _stats.mann_kendall(after) if len(after) >= 5 else (0.0, 1.0)
     # The end of the *finite* loss must have risen: a loss that jumps straight from a
     # healthy level to NaN is the nonfinite finding's (its noise before the NaN is not a
     # divergence).
@@ -109,5 +107,5 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  + ("" if cause else _changes.early_lr_note(ctx, first))),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"best_loss": best, "best_step": int(step[ib]), "start_loss": start,
-                  "end_loss": level, "rank": r, "mk_z": z, "p_value": p,
+                  "end_loss": level, "rise": end - best, "loss_noise": noise, "rank": r,
                   "ended_nonfinite": tail_nonfinite, "cause": cause})]
