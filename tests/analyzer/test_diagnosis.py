@@ -153,3 +153,24 @@ def test_loss_scale_collapse_is_a_change(tmp_path):
         (c,) = _changes.other_changes(Context(run=r))
     assert c["kind"] == "loss_scale" and 199 <= c["step"] <= 200
     assert "65536" in c["text"]
+
+
+def test_long_converged_run_raises_nothing(tmp_path):
+    """A converged 30,000-step run: the loss at its noise floor, gradient norms noisy in log
+    space (bias gradients near convergence jump 10x from step to step), the odd deep dip.
+    (It used to get three gradient_explosion errors.)"""
+    n = 30_000
+    s = np.arange(n)
+    rng = np.random.default_rng(5)
+    loss = 2.3 * np.exp(-s / 500) + 0.05 + 0.02 * np.abs(rng.normal(0, 1, n))
+    g = 0.3 * np.exp(rng.normal(0, 0.6, n))
+    g[rng.integers(0, n, 30)] *= 1e-3  # dips and rebounds
+
+    def norm(st, name, kind):
+        if kind == "grad" and name.endswith("bias"):
+            return 0.01 * np.exp(rng.normal(0, 1.2, len(st)))
+        return None
+    run = make_run(tmp_path, steps=n, loss=loss, grad_norm=g, tensors=6, tensor_norm=norm,
+                   lr=1e-3)
+    bad = [f for f in findings(run) if f["severity"] not in ("info",)]
+    assert bad == [], [(f["id"], f["title"]) for f in bad]
