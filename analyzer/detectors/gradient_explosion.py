@@ -215,7 +215,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     if cause is not None:
         first = cause["step"]
         because = f", right after {_changes.describe(cause)}"
-    msg = (f"The {what} (before clipping) grew from {main['from']:.3g} at step "
+    clipped = r is not None and bool(np.isfinite(_data.steps(ctx)[r]["grad_clip_max"]).any())
+    msg = (f"The {what}{' (before clipping)' if clipped else ''} grew from "
+           f"{main['from']:.3g} at step "
            f"{main['onset']} to {main['to']:.3g} by step {main['cross']}{because}"
            + (f", and went nonfinite at step {nan_at}" if nan_at is not None else "") + ".")
     if layers:
