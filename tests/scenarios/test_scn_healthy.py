@@ -9,8 +9,8 @@ import pytest
 from tests.scenarios import checks
 from tests.scenarios import scenarios as S
 
-CONTROLS = [("mlp", 0), ("mlp", 1), ("mlp", 2), ("conv", 0), ("conv", 1),
-            ("transformer", 0), ("transformer", 1)]
+# (Real architectures' healthy runs, with and without clipping, are in tests/matrix.)
+CONTROLS = [("mlp", 0), ("mlp", 1), ("conv", 0), ("transformer", 0)]
 
 
 @pytest.mark.parametrize(("arch", "seed"), CONTROLS)
