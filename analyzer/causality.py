@@ -7,9 +7,9 @@ by severity alone lists "NaN at step 250" (critical) above "gradients exploding 
 someone deciding what to fix.
 
 Each rule says: a finding of id ``symptom`` is explained by one of id ``cause`` when the
-cause starts no later than the symptom (``slack`` steps of detection blur allowed) and,
-where given, not too long before it (``within`` steps). A finding explained by another gets
-``caused_by`` (the root's id, following chains to the root); a root lists what it
+cause starts no later than the symptom (``slack`` steps of detection blur allowed); a NaN is
+explained only by a growth or divergence that itself ended in NaN. A finding explained by
+another gets ``caused_by`` (the root's id, following chains to the root); a root lists what it
 ``explains``. Groups are ordered by their most severe member, then by the root's step; each
 root is followed by the findings it explains.
 """
@@ -29,7 +29,6 @@ class Rule:
     causes: tuple[str, ...]
     """Candidate causes, in order of preference."""
     slack: int = 2
-    within: int | None = None
     needs_step: bool = True
     """Both must have a first_step (else the rule does not apply)."""
 
@@ -52,8 +51,6 @@ def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
         if cause.first_step is None or symptom.first_step is None:
             return False
         if cause.first_step > symptom.first_step + rule.slack:
-            return False
-        if rule.within is not None and symptom.first_step - cause.first_step > rule.within:
             return False
     if symptom.id == "nonfinite":
         # only a growth or divergence that itself ended in NaN/Inf explains the NaN (a rise

@@ -25,14 +25,17 @@ class ActivationCapture:
     returns. ``guard(where, fn, *args)`` runs recorder work that must never raise."""
 
     def __init__(self, model: nn.Module, config: RecorderConfig, full: FullStats,
-                 current: Callable[[], StepAccum], guard: Callable[..., Any]) -> None:
+                 current: Callable[[], StepAccum], guard: Callable[..., Any], *,
+                 compiled: bool = False) -> None:
+        """``compiled``: the model runs through torch.compile (its hooks never fire); said
+        at the first commit."""
         self.config = config
         self.full = full
         self.current = current
         self.guard = guard
         self.traced = False
         self.empty = 0
-        self.compiled = False
+        self.compiled = compiled
         self.hooks = ActivationHooks(model, self._on_activation, self._on_input,
                                      probe=config.activation_nonfinite,
                                      on_end=self._on_forward_end)

@@ -34,9 +34,10 @@ import torch
 
 from .hooks import is_compiling
 
-# on_norms(tensors, None) -> whether they are that recorder's gradients;
-# on_norms(tensors, norms) hands it their per-tensor norms. on_clip(max_norm).
-Listener = tuple[Callable[[list[torch.Tensor], Any], bool], Callable[[float], None]]
+# on_norms(tensors) -> a sink for their per-tensor norms if they are that recorder's
+# gradients (one device and dtype), else None; on_clip(max_norm).
+Sink = Callable[[list[torch.Tensor]], None]
+Listener = tuple[Callable[[list[torch.Tensor]], "Sink | None"], Callable[[float], None]]
 
 _lock = threading.Lock()
 _listeners: dict[int, Listener] = {}
@@ -50,16 +51,13 @@ def _module() -> Any:
 
 
 def _foreach_ok(grads: list[torch.Tensor], foreach: bool | None) -> bool:
-    """Whether torch's own ``_get_total_norm`` would take the single-group foreach path for
-    ``grads``: one device and dtype, foreach supported there (then its arithmetic is exactly
-    ``vector_norm(stack(_foreach_norm(grads)))``)."""
-    if foreach is False or not grads:
-        return False
-    first = grads[0]
-    dev, dt = first.device, first.dtype
-    if any(g.device != dev or g.dtype != dt or g.is_sparse for g in grads):
+    """Whether torch's own ``_get_total_norm`` takes the foreach path for ``grads`` (known
+    to be one device and dtype: then its arithmetic is exactly
+    ``vector_norm(stack(_foreach_norm(grads)))``). torch's own predicates."""
+    if foreach is False:
         return False
     mod = _module()
+    dev = grads[0].device
     if foreach is None:
         return bool(mod._has_foreach_support(grads, dev))
     return bool(mod._device_has_foreach_support(dev))
@@ -72,22 +70,23 @@ def _total_norm(tensors: Any, norm_type: float = 2.0, error_if_nonfinite: bool =
             tensors, torch.Tensor):
         return original(tensors, norm_type, error_if_nonfinite, foreach)
     tensors = list(tensors)
-    taker = None
+    sink = None
     try:
-        if _foreach_ok(tensors, foreach):
-            for on_norms, _ in list(_listeners.values()):
-                if on_norms(tensors, None):  # is it this recorder's gradients?
-                    taker = on_norms
-                    break
+        for on_norms, _ in list(_listeners.values()):
+            sink = on_norms(tensors)  # is it this recorder's gradients?
+            if sink is not None:
+                break
+        if sink is not None and not _foreach_ok(tensors, foreach):
+            sink = None
     except Exception:  # never let telemetry change what torch computes
-        taker = None
-    if taker is None:
+        sink = None
+    if sink is None:
         return original(tensors, norm_type, error_if_nonfinite, foreach)
     # torch's own first stage (one foreach launch) ...
     with torch.no_grad():
         per_tensor = list(torch._foreach_norm(tensors, 2.0))
     try:
-        taker(tensors, per_tensor)
+        sink(per_tensor)
     except Exception:
         pass
     # ... and its second: the norm of those norms (|n| = n, so the same stack and
@@ -106,7 +105,7 @@ def _clip_with_norm(parameters: Any, max_norm: float, total_norm: torch.Tensor,
     _originals["_clip_grads_with_norm_"](parameters, max_norm, total_norm, foreach)
 
 
-def install(key: int, on_norms: Callable[[list[torch.Tensor], Any], bool],
+def install(key: int, on_norms: Callable[[list[torch.Tensor]], Sink | None],
             on_clip: Callable[[float], None]) -> bool:
     """Listen to clipping for one recorder (``key``: its id). False when this torch has no
     ``_get_total_norm``/``_clip_grads_with_norm_`` (torch < 2.6): norms are then read after

@@ -40,6 +40,9 @@ class GradLayout:
         self.names = tuple(compress((n for n, _ in named), keep))
         grads = list(compress(grads, keep))
         self.piece = Piece("grad_norms", len(grads), self.names)
+        # One device and dtype: torch's _get_total_norm then takes a single foreach group,
+        # whose arithmetic clipping.py can reproduce exactly (see GradReader.clip_sink).
+        self.one_group = len({(g.device, g.dtype) for g in grads}) == 1
         self.plan = NormPlan(grads) if stats.uniform(grads) else None
         order = self.plan.order if self.plan is not None else None
         self.plan_piece = self.piece if order is None else Piece(
@@ -99,19 +102,22 @@ class GradReader:
                 self.layout = None
         return layout.piece, norms(grads)
 
-    def owns(self, tensors: list[torch.Tensor]) -> bool:
-        """Whether ``tensors`` are exactly this model's gradients, in parameter order (what
-        ``clip_grad_norm_(model.parameters())`` passes on): identity checks, no device work."""
-        grads, _ = self._grads()
-        return len(grads) == len(tensors) and all(
-            a is b for a, b in zip(grads, tensors, strict=True))
+    def clip_sink(self, acc: StepAccum, tensors: list[torch.Tensor]
+                  ) -> Callable[[list[torch.Tensor]], None] | None:
+        """When ``tensors`` are exactly this model's gradients in parameter order (what
+        ``clip_grad_norm_(model.parameters())`` passes on; identity checks, no device work)
+        on one device and dtype: a sink for the per-parameter norms clip_grad_norm_ computes
+        before it clips (see :mod:`.clipping`), taken as ``acc``'s gradient norms for free.
+        Else None."""
+        grads, layout = self._grads()
+        if not (layout.one_group and len(grads) == len(tensors)
+                and all(a is b for a, b in zip(grads, tensors, strict=True))):
+            return None
 
-    def take_norms(self, acc: StepAccum, per_tensor: list[torch.Tensor]) -> None:
-        """The per-parameter norms ``clip_grad_norm_`` just computed, before it clips (see
-        :mod:`.clipping`): they are this step's gradient norms, read for free."""
-        _, layout = self._grads()
-        acc.add(layout.piece, torch.stack(per_tensor))
-        acc.norms_read = True
+        def take(per_tensor: list[torch.Tensor]) -> None:
+            acc.add(layout.piece, torch.stack(per_tensor))
+            acc.norms_read = True
+        return take
 
     def capture(self, acc: StepAccum) -> None:
         """Attach this step's gradient (and weight) statistics that are due to ``acc``."""

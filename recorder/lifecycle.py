@@ -171,20 +171,16 @@ class StepLifecycle:
                     # rec.step() is still to come and belongs to this optimizer step.
                     target.await_last = self._reader.signature() != self._pending_sig
 
-    def _clip_norms(self, tensors: list[Any], per_tensor: list[Any] | None) -> bool:
-        """clip_grad_norm_ on this model's gradients (see :mod:`.clipping`): with
-        ``per_tensor`` None, whether they are ours and still unread this step; else take
-        the norms as this step's (pre-clip) gradient norms."""
+    def _clip_sink(self, tensors: list[Any]) -> Any:
+        """clip_grad_norm_ is about to norm ``tensors`` (see :mod:`.clipping`): if they are
+        this model's gradients, still unread this step, a sink for their norms."""
         if self._closed:
-            return False
+            return None
         with self._lock:
             target = self._hook_target()
             if target.grads_captured or target.norms_read:
-                return False
-            if per_tensor is None:
-                return self._reader.owns(tensors)
-            self._reader.take_norms(target, per_tensor)
-            return True
+                return None
+            return self._reader.clip_sink(target, tensors)
 
     def _grad_landed(self, _param: Any) -> None:
         """A watched parameter's gradient was accumulated (distributed runs; see

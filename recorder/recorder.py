@@ -156,15 +156,13 @@ class Recorder(StepLifecycle):
         self._amp = ScalerHook(self.scaler, self._on_unscaled) if self.scaler is not None \
             else None
         if self._named_params:
-            clipping.install(id(self), self._clip_norms, self._clip_max)
+            clipping.install(id(self), self._clip_sink, self._clip_max)
         if self.world_size > 1:
             self._watch_compute()
         cfg = self.config
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             self._act = ActivationCapture(self.model, cfg, self._full, lambda: self._acc,
-                                          self._guard)
-            # Said at the first commit, clearly: hooks inside a compiled graph never fire.
-            self._act.compiled = self._compiled_model
+                                          self._guard, compiled=self._compiled_model)
             self._act.next_step(self._acc.step)
 
     def _watch_compute(self) -> None:

@@ -1,8 +1,9 @@
 """What changed during a run that can explain a finding: learning-rate jumps (a broken
 schedule, a resumed run with the wrong LR), loss-scale collapses (fp16 overflows) and resumes.
 
-Detectors attach the change that precedes their onset (``near``) to their finding, so the
-finding names it ("right after the learning rate went from 3e-4 to 3e-2 at step 100").
+Detectors attach the change that precedes their onset (:func:`within`) to their finding, so
+the finding names it ("right after the learning rate went from 3e-4 to 3e-2 at step 100").
+Every change is ``{step, kind, text}`` (LR jumps also carry ``from``, ``to``, ``factor``).
 Smooth schedules (warm-up, cosine decay) are not changes: a change is a jump of at least
 ``MIN_JUMP``× between two consecutive recorded steps.
 """
@@ -21,7 +22,7 @@ MIN_JUMP = 3.0
 
 
 def lr_changes(ctx: Context) -> list[dict[str, Any]]:
-    """[{step, from, to, factor}] of the primary rank's LR jumps, in step order."""
+    """The primary rank's LR jumps (kind ``lr``, with from, to, factor), in step order."""
 
     def load() -> list[dict[str, Any]]:
         r = _data.primary_rank(ctx, "lr")
@@ -34,25 +35,12 @@ def lr_changes(ctx: Context) -> list[dict[str, Any]]:
             return []
         ratio = lr[1:] / lr[:-1]
         idx = np.flatnonzero((ratio >= MIN_JUMP) | (ratio <= 1 / MIN_JUMP))
-        return [{"step": int(step[i + 1]), "from": float(lr[i]), "to": float(lr[i + 1]),
-                 "factor": float(ratio[i])} for i in idx]
+        return [{"step": int(step[i + 1]), "kind": "lr", "from": float(lr[i]),
+                 "to": float(lr[i + 1]), "factor": float(ratio[i]),
+                 "text": f"the learning rate went from {lr[i]:.3g} to {lr[i + 1]:.3g} "
+                         f"(×{ratio[i]:.3g}) at step {int(step[i + 1])}"} for i in idx]
 
     return ctx.cached("lr_changes", load)
-
-
-def near(ctx: Context, onset: int, before: int = 10, after: int = 2,
-         up_only: bool = True) -> dict[str, Any] | None:
-    """The LR jump closest before ``onset`` (at most ``before`` steps earlier, or up to
-    ``after`` steps later: smoothing and detection windows blur an onset by a step or two).
-    ``up_only``: only increases (what makes training blow up)."""
-    best = None
-    for c in lr_changes(ctx):
-        if up_only and c["factor"] < 1:
-            continue
-        if onset - before <= c["step"] <= onset + after and (
-                best is None or abs(c["step"] - onset) < abs(best["step"] - onset)):
-            best = c
-    return best
 
 
 SCALE_DROP = 8.0
@@ -92,16 +80,13 @@ def other_changes(ctx: Context) -> list[dict[str, Any]]:
     return ctx.cached("other_changes", load)
 
 
-def within(ctx: Context, lo: int, hi: int, up_only: bool = True) -> dict[str, Any] | None:
+def within(ctx: Context, lo: int, hi: int) -> dict[str, Any] | None:
     """The last change in [lo, hi] that can start an instability: an LR increase, a resume,
     a loss-scale collapse (an onset estimate can come a few steps early on a noisy loss: the
     change before the rise is *clear* is the one that caused it)."""
-    best = None
-    cands = [c for c in lr_changes(ctx) if not up_only or c["factor"] > 1] + other_changes(ctx)
-    for c in sorted(cands, key=lambda c: c["step"]):
-        if lo <= c["step"] <= hi:
-            best = c
-    return best
+    cands = [c for c in lr_changes(ctx) if c["factor"] > 1] + other_changes(ctx)
+    inside = [c for c in cands if lo <= c["step"] <= hi]
+    return max(inside, key=lambda c: c["step"]) if inside else None
 
 
 def lr_summary(ctx: Context) -> dict[str, Any] | None:
@@ -117,13 +102,6 @@ def lr_summary(ctx: Context) -> dict[str, Any] | None:
             "constant": bool(np.allclose(lr, lr[0], rtol=1e-6))}
 
 
-def describe(change: dict[str, Any]) -> str:
-    if "text" in change:
-        return str(change["text"])
-    return (f"the learning rate went from {change['from']:.3g} to {change['to']:.3g} "
-            f"(×{change['factor']:.3g}) at step {change['step']}")
-
-
 EARLY_FRAC = 0.1
 """Share of the run that counts as 'from the start' for :func:`early_lr_note`."""
 
@@ -135,7 +113,7 @@ def early_lr_note(ctx: Context, first_step: int | None) -> str:
     Empty otherwise (a schedule's LR at that step is in the lr chart)."""
     if first_step is None:
         return ""
-    lo, hi = ctx.rows("SELECT min(step), max(step) FROM steps")[0]
+    lo, hi = _data.step_range(ctx)
     lr = lr_summary(ctx)
     if lo is None or lr is None or any(c["step"] <= first_step for c in lr_changes(ctx)):
         return ""

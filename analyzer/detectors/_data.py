@@ -53,6 +53,16 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
     return ctx.cached("steps", load)
 
 
+def step_range(ctx: Context) -> tuple[int | None, int | None]:
+    """(first, last) recorded step over all ranks, from the small steps table."""
+
+    def load() -> tuple[int | None, int | None]:
+        lo, hi = ctx.rows("SELECT min(step), max(step) FROM steps")[0]
+        return (None, None) if lo is None else (int(lo), int(hi))
+
+    return ctx.cached("step_range", load)
+
+
 def primary_rank(ctx: Context, column: str = "loss") -> int | None:
     """Lowest rank with any finite value in ``column`` of steps (loss is per-rank anyway)."""
     for r, d in sorted(steps(ctx).items()):
@@ -93,7 +103,7 @@ def tensor_buckets(ctx: Context) -> dict[str, Any]:
         if r is None:
             return {"bucket_size": 1, "name": np.array([], dtype=object)}
         # the step range from the small steps table (a min/max over tensor_stats is a scan)
-        lo, hi = ctx.rows("SELECT min(step), max(step) FROM steps")[0]
+        lo, hi = step_range(ctx)
         if lo is None:
             lo, hi = ctx.rows("SELECT min(step), max(step) FROM tensor_stats")[0]
         span = int(hi - lo + 1) if lo is not None else 1

@@ -49,13 +49,13 @@ DOC = {
 
 
 def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
-                   th: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Onset/crossing of a sustained rise in a log-norm series (NaN = missing point)."""
+                   th: Mapping[str, Any], onset_min: int = 0) -> dict[str, Any] | None:
+    """Onset/crossing of a sustained rise in a log-norm series (NaN = missing point) whose
+    onset is at or after step ``onset_min`` (the end of the run's warm-up)."""
     ok = np.isfinite(logn)
     step, x = step[ok], logn[ok]
     keep = step >= (step[0] + th["warmup_steps"] if len(step) else 0)
     step, x = step[keep], x[keep]
-    base_from = int(th.get("_warmup_idx", 0))  # typical level counted from warm-up on
     if len(x) < th["min_points"]:
         return None
     xs = _stats.rolling_median(x, int(th["smooth"]))
@@ -96,12 +96,11 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         level = typical[j] if np.isfinite(typical[j]) else lo[i]
         near = np.flatnonzero(xs[j:i + 1] <= max(level, lo[i]) + 0.1 * need)
         j = j + int(near[-1]) if len(near) else j
-        if int(step[j]) < int(th.get("_onset_min", 0)):
+        if int(step[j]) < onset_min:
             continue  # early training: norms rise and settle on their own
         # the rise must also clear the series' typical level since warm-up (not just a
         # local dip) and actually go up from where it started
-        lo_b = min(max(base_from, 0), j)
-        baseline = float(np.median(xs[lo_b:j + 1]))
+        baseline = float(np.median(xs[:j + 1]))
         peak = float(np.max(xs[i:i + int(th["sustain"]) + 1]))
         if peak - baseline < need or x[i] <= x[j]:
             continue
@@ -150,11 +149,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     total = None
     typical_total = None
     r = _data.primary_rank(ctx, "grad_norm")
-    th = dict(th)
-    lo_hi = ctx.rows("SELECT min(step), max(step) FROM steps")[0]
-    if lo_hi[0] is not None:
-        th["_onset_min"] = int(lo_hi[0]) + max(
-            int(th["warmup_steps"]), int(float(th["warmup_frac"]) * (lo_hi[1] - lo_hi[0] + 1)))
+    lo, hi = _data.step_range(ctx)
+    onset_min = 0 if lo is None else lo + max(
+        int(th["warmup_steps"]), int(float(th["warmup_frac"]) * (hi - lo + 1)))
     if r is not None:
         d = _data.steps(ctx)[r]
         g0 = d["grad_norm"][np.isfinite(d["grad_norm"]) & (d["grad_norm"] > 0)]
@@ -167,7 +164,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         bad = np.flatnonzero(given & ~np.isfinite(g))
         cut = bad[0] if len(bad) else len(g)
         total = find_explosion(d["step"][:cut], logn[:cut], bool(len(bad)), int(th["window"]),
-                               th)
+                               th, onset_min)
         if total is not None:
             total["first_nonfinite"] = _nan_after(total, int(d["step"][bad[0]]) if len(bad)
                                                   else None, int(th["window"]))
@@ -178,7 +175,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         bad = np.flatnonzero(s["n_nonfinite"] > 0)
         cut = bad[0] if len(bad) else len(s["step0"])
         res = find_explosion(s["step0"][:cut].astype(np.int64), s["log_norm"][:cut],
-                             bool(len(bad)), max(2, int(th["window"]) // size), th)
+                             bool(len(bad)), max(2, int(th["window"]) // size), th,
+                             onset_min)
         if res is not None and typical_total is not None and \
                 res["max"] < float(th["min_share"]) * typical_total:
             res = None  # grows, but stays negligible next to the whole model's gradient
@@ -214,7 +212,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     because = ""
     if cause is not None:
         first = cause["step"]
-        because = f", right after {_changes.describe(cause)}"
+        because = f", right after {cause['text']}"
     clipped = r is not None and bool(np.isfinite(_data.steps(ctx)[r]["grad_clip_max"]).any())
     msg = (f"The {what}{' (before clipping)' if clipped else ''} grew from "
            f"{main['from']:.3g} at step "

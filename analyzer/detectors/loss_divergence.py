@@ -97,10 +97,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     because = ""
     if cause is not None:
         first = cause["step"]
-        because = f", right after {_changes.describe(cause)}"
+        because = f", right after {cause['text']}"
     return [Finding(
         id=ID, severity="error", subject="loss", first_step=first,
-        title="Loss diverges" + ((" after a learning-rate jump" if "factor" in cause else
+        title="Loss diverges" + ((" after a learning-rate jump" if cause["kind"] == "lr" else
                                   f" after step {cause['step']}") if cause else ""),
         message=(f"The loss fell from {start:.4g} to {best:.4g} (step {int(step[ib])}), then "
                  f"rose from step {first}{because}, and {how}."

@@ -84,18 +84,22 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     return [Finding(
         id=ID, severity=sev, subject="loss", first_step=int(step[first]),
         title=f"{len(idx)} loss spike{'s' if len(idx) > 1 else ''}",
-        message=(f"The loss jumped far above its local level at {len(idx)} step(s), first at "
-                 f"step {int(step[first])} ({loss[first]:.4g} vs local median "
-                 f"{base[first]:.4g}); the largest at step {int(step[worst])} "
-                 f"({loss[worst]:.4g} vs {base[worst]:.4g}, "
-                 f"{resid[worst] / max(sigma, 1e-12):.3g}× its usual step-to-step noise)."
-                 + _changes.early_lr_note(ctx, int(step[first])) if len(idx) > 1 else
-                 f"The loss jumped far above its local level at step {int(step[first])} "
-                 f"({loss[first]:.4g} vs local median {base[first]:.4g}, "
-                 f"{resid[first] / max(sigma, 1e-12):.3g}× its usual step-to-step noise)."
-                 + _changes.early_lr_note(ctx, int(step[first]))),
+        message=_message(step, loss, base, resid, sigma, first, worst, len(idx))
+        + _changes.early_lr_note(ctx, int(step[first])),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
                   "first_loss": float(loss[first]), "first_local_median": float(base[first]),
                   "worst_step": int(step[worst]), "worst_loss": float(loss[worst]),
                   "robust_sigma": sigma})]
+
+
+def _message(step: np.ndarray, loss: np.ndarray, base: np.ndarray, resid: np.ndarray,
+             sigma: float, first: int, worst: int, count: int) -> str:
+    def at(i: int) -> str:
+        return (f"step {int(step[i])} ({loss[i]:.4g} vs local median {base[i]:.4g}, "
+                f"{resid[i] / max(sigma, 1e-12):.3g}× its usual step-to-step noise)")
+
+    if count == 1:
+        return f"The loss jumped far above its local level at {at(first)}."
+    return (f"The loss jumped far above its local level at {count} steps, first at "
+            f"{at(first)}; the largest at {at(worst)}.")

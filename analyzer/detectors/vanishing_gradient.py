@@ -4,6 +4,7 @@ layers, consistently over the later part of the run."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,29 +70,23 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     # *vanish*: they receive no gradient by construction (BERT's attention key bias: softmax
     # is invariant to it), or are unused. That is a different, informational finding.
     early = g[:, :max(1, int(nb * float(th["early_frac"])))]
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            early_med = np.nanmedian(np.where(np.isfinite(early), early, np.nan), axis=0)
-            early_rel = np.nanmax(early - early_med, axis=1) if len(names) >= 2 else \
-                np.nanmax(early, axis=1)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        early_med = np.nanmedian(np.where(np.isfinite(early), early, np.nan), axis=0)
+        early_rel = np.nanmax(early - early_med, axis=1) if len(names) >= 2 else \
+            np.nanmax(early, axis=1)
     # ... and isolated: its module's other parameters get a normal gradient (a depth-wise
     # vanishing gradient shrinks a whole layer, weight and bias alike).
     tiny = {names[i] for i in range(len(names))
             if not np.isfinite(early_rel[i]) or early_rel[i] < math.log(th["no_grad_rel"])}
-    no_grad = [i for i, n in enumerate(names) if n in tiny and any(
-        m != n and m.rpartition(".")[0] == n.rpartition(".")[0] and m not in tiny
-        for m in names)]
+    learning = {n.rpartition(".")[0] for n in names if n not in tiny}  # modules
+    no_grad = [i for i, n in enumerate(names) if n in tiny and n.rpartition(".")[0] in learning]
     g, w = g[:, start:], w[:, start:]
     present = ~np.isnan(g)
     if present.sum(axis=1).max(initial=0) < th["min_points"]:
         return []
     with np.errstate(all="ignore"):
         finite_g = np.where(np.isfinite(g), g, np.nan)
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             med = np.nanmedian(finite_g, axis=0)  # median layer per bucket

@@ -87,8 +87,8 @@ def test_matrix(matrix: Path, model: str, pathology: str) -> None:
     run = run_dir_of(matrix, model, pathology)
     summary = checks.summarize(run)
     assert summary["run"]["status"] == "completed"
-    (run / "verdict.json").write_text(json.dumps(judge(model, pathology, summary, run)))
     problems = judge(model, pathology, summary, run)
+    (run / "verdict.json").write_text(json.dumps(problems))
     assert not problems, f"{model}/{pathology}: {problems}\n{checks.describe(summary)}"
 
 
