@@ -51,6 +51,7 @@ class StepAccum:
     waited: bool = False
     grads_captured: bool = False
     norms_read: bool = False  # per-parameter norms taken from clip_grad_norm_ (pre-clip)
+    stats_read: bool = False  # ... and, on a full-statistics step, the gradient statistics
     # perf_counter() when the batch arrived and when the last watched gradient landed
     # (distributed runs: the rank's own compute before it waits for the all-reduce)
     data_ready: float | None = None

@@ -179,10 +179,29 @@ def check_arguments(run_dir: Any, model: Any, optimizer: Any, scaler: Any, resum
         raise ValueError(f"run_dir must be a path, got {run_dir!r}")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+    if optimizer is not None and not isinstance(unwrap_optimizer(optimizer),
+                                                torch.optim.Optimizer):
         raise ValueError(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if scaler is not None and not hasattr(scaler, "unscale_"):
         raise ValueError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
     if not isinstance(resume, bool):
         raise ValueError(f"resume must be True or False, got {resume!r}")
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The ``torch.optim.Optimizer`` inside a framework's wrapper: accelerate's
+    ``AcceleratedOptimizer`` (``.optimizer``; it subclasses Optimizer without initialising
+    its hook registries), Lightning's ``LightningOptimizer`` (``._optimizer``). The hooks go
+    on the inner one, which every wrapper steps."""
+    import torch
+
+    for _ in range(8):
+        if isinstance(optimizer, torch.optim.Optimizer) and hasattr(
+                optimizer, "_optimizer_step_pre_hooks"):
+            return optimizer
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if inner is None or inner is optimizer:
+            return optimizer
+        optimizer = inner
+    return optimizer

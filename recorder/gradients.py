@@ -117,7 +117,17 @@ class GradReader:
         def take(per_tensor: list[torch.Tensor]) -> None:
             acc.add(layout.piece, torch.stack(per_tensor))
             acc.norms_read = True
+            if due(self.config.tensor_stats_every, acc.step):
+                # A full-statistics step: the gradients' statistics before clipping too
+                # (clipping only scales them, but their absmax/std would be the clipped ones).
+                self._grad_stats(acc, grads, layout)
         return take
+
+    def _grad_stats(self, acc: StepAccum, grads: list[torch.Tensor], layout: GradLayout
+                    ) -> None:
+        acc.add(Piece("grad", len(grads) * 8, layout.names, tuple(g.numel() for g in grads)),
+                self.full(grads))
+        acc.stats_read = True
 
     def capture(self, acc: StepAccum) -> None:
         """Attach this step's gradient (and weight) statistics that are due to ``acc``."""
@@ -142,9 +152,8 @@ class GradReader:
                     t0 = time.perf_counter()
                     acc.add(*self._norms(grads, layout))
                     self._charge(time.perf_counter() - t0)
-                if stats_due:
-                    acc.add(Piece("grad", len(grads) * 8, layout.names,
-                                  tuple(g.numel() for g in grads)), self.full(grads))
+                if stats_due and not acc.stats_read:
+                    self._grad_stats(acc, grads, layout)
         if due(cfg.param_stats_every, acc.step):
             ps = [p.detach() for p in self.params]
             acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self.named),

@@ -188,7 +188,9 @@ class StepLifecycle:
         self._acc.grad_ready = time.perf_counter()
 
     def _clip_max(self, max_norm: float) -> None:
-        if not self._closed:
+        # clip_grad_norm_(..., inf) only measures (transformers does so every step when
+        # max_grad_norm is 0): no clipping threshold to record.
+        if not self._closed and max_norm < float("inf"):
             self._hook_target().floats["grad_clip"] = [max_norm]
 
     def _before_update(self) -> None:

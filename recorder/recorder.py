@@ -31,7 +31,7 @@ from .activations import ActivationCapture
 from .amp import ScalerHook
 from .budget import NormBudget
 from .capture import Piece, StepAccum, event_row, exception_row
-from .config import RecorderConfig, check_arguments
+from .config import RecorderConfig, check_arguments, unwrap_optimizer
 from .dist import rank_and_world
 from .gradients import GradReader
 from .hooks import compiled, unwrap_model
@@ -77,7 +77,9 @@ class Recorder(StepLifecycle):
         self.run_dir = Path(run_dir)
         self.model = unwrap_model(model) if model is not None else None
         self._compiled_model = model is not None and compiled(model)
-        self.optimizer = optimizer
+        # The hooks go on the torch optimizer inside a framework's wrapper (accelerate,
+        # Lightning), which every wrapper steps.
+        self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
         self.scaler = scaler
         self.rank, self.world_size = rank_and_world()
         self.errors = 0
@@ -95,6 +97,16 @@ class Recorder(StepLifecycle):
             knobs=self.config.to_json(), flush_interval_s=self.config.flush_interval_s,
             resume=resume, model=self.model)
         self._next_step = self._rundir.next_step
+        try:
+            self._start(resume)
+        except BaseException:
+            # A start that failed half-way must not leave a run marked "running" that
+            # refuses the retry: take back what was installed and, for a new run, the
+            # metadata files this constructor wrote (no step was recorded yet).
+            self._abandon(resume)
+            raise
+
+    def _start(self, resume: bool) -> None:
         self._full = FullStats(self.config.stats_chunk_elems)
         self._reader = GradReader(self._named_params, self.config, self._full,
                                   on_stride=self._norm_stride_changed)
@@ -141,6 +153,25 @@ class Recorder(StepLifecycle):
         if self._rundir.resumed_from is not None:
             self.event("resumed", f"run resumed at step {self._next_step}", severity="info",
                        from_step=self._rundir.resumed_from)
+
+    def _abandon(self, resume: bool) -> None:
+        self._closed = True
+        try:
+            self._teardown_hooks()
+        except Exception:
+            pass
+        sampler, writer = getattr(self, "_sampler", None), getattr(self, "_writer", None)
+        try:
+            if sampler is not None:
+                sampler.stop()
+            if writer is not None:
+                writer.close()
+            if resume:
+                self._rundir.write(self._counters(), status="crashed")
+            else:
+                self._rundir.discard()
+        except Exception:
+            pass
 
     # ------------------------------------------------------------------ construction
     def _pick_device(self) -> torch.device | None:
@@ -311,18 +342,18 @@ class Recorder(StepLifecycle):
             self._count_error("exception", e)
 
     def _teardown_hooks(self) -> None:
-        for h in self._handles:
+        # (also after a start that failed half-way: any of these may not exist yet)
+        for h in getattr(self, "_handles", ()):
             try:
                 h.remove()
             except Exception:
                 pass
         self._handles = []
         clipping.uninstall(id(self))
-        if self._act is not None:
-            self._act.remove()
-        if self._amp is not None:
-            self._amp.remove()
-        self._process.remove()
+        for part in (getattr(self, "_act", None), getattr(self, "_amp", None),
+                     getattr(self, "_process", None)):
+            if part is not None:
+                part.remove()
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(False)
 

@@ -88,6 +88,18 @@ class RunDir:
         if self.rank != 0 and not self.rank_meta.get("run_id"):
             self.rank_meta["run_id"] = (read_json(self.path / "run.json") or {}).get("run_id")
 
+    def discard(self) -> None:
+        """Take back a new run whose start failed before any step: the metadata files
+        written above (so a retry is not refused), and the directories if left empty."""
+        files = [self.rank_file] + ([self.path / "run.json"] if self.rank == 0 else [])
+        for f in files:
+            f.unlink(missing_ok=True)
+        for d in (self.rank_file.parent, self.path):
+            try:
+                d.rmdir()  # only when empty: never anything else that is there
+            except OSError:
+                pass
+
     def write(self, counters: dict[str, Any], status: str | None = None) -> None:
         """Rewrite this rank's file (and run.json on rank 0): the heartbeat, the counters,
         and at close the final ``status``."""

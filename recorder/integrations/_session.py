@@ -1,0 +1,133 @@
+"""What the framework callbacks share: one recorded training run driven from a framework's
+hooks (see :mod:`tracealyze.recorder.lifecycle`), its loss (from ``backward()``), its
+learning rate (as the optimizer step used it) and its data-loader wait."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..config import RecorderConfig
+from ..recorder import Recorder
+from ..runmeta import read_json
+from . import _backward
+from ._timing import time_batches
+
+
+class Session:
+    """One recorded run per ``train()``/``fit()`` call. Configuration is checked at
+    construction (``ValueError``); nothing after that raises into training except a
+    ``run_dir`` the user chose that already holds another run."""
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None, preset: str,
+                 knobs: dict[str, Any]) -> None:
+        if run_dir is not None and (not isinstance(run_dir, (str, os.PathLike))
+                                    or str(run_dir) == ""):
+            raise ValueError(f"run_dir must be a path or None, got {run_dir!r}")
+        RecorderConfig.from_preset(preset, **knobs)  # ValueError for a bad preset or knob
+        self.run_dir = run_dir
+        self.preset = preset
+        self.knobs = knobs
+        self.rec: Recorder | None = None
+        self.loss = _backward.StepLoss()
+        self.lr: float | None = None
+        self._undo: list[Callable[[], None]] = []
+
+    @property
+    def active(self) -> bool:
+        return self.rec is not None and not self.rec._closed
+
+    def start(self, default_dir: Path, *, model: Any, optimizer: Any = None, scaler: Any = None,
+              loader: Any = None, resuming: bool = False) -> Recorder:
+        """Open the run: ``run_dir`` if given, else ``default_dir`` (or the first free
+        ``default_dir-N`` when a finished run is there and training is not resuming)."""
+        if self.rec is not None:
+            self.close()
+        if model is None:
+            raise ValueError("tracealyze: the framework handed the callback no model; "
+                             "nothing to record")
+        if self.run_dir is not None:
+            path = Path(self.run_dir)
+        else:
+            path = default_dir if resuming else free_dir(default_dir)
+        resume = resuming and (path / "run.json").exists()
+        self.rec = rec = Recorder(path, model=model, optimizer=optimizer, scaler=scaler,
+                                  preset=self.preset, resume=resume, **self.knobs)
+        if not rec.config.enabled:
+            return rec
+        _backward.install(id(self), self.loss.add)
+        self._undo = [lambda: _backward.uninstall(id(self))]
+        undo = time_batches(loader, rec.data_wait_ended)
+        if undo is not None:
+            self._undo.append(undo)
+        # atexit runs last-registered first: before the Recorder's own (which would call
+        # the run completed). A process that exits without the framework's end-of-training
+        # hook did not finish training.
+        atexit.register(self._exit)
+        self._undo.append(lambda: atexit.unregister(self._exit))
+        return rec
+
+    def optimizer_about_to_step(self, optimizer: Any) -> None:
+        """Remember the learning rate this optimizer step uses (schedulers change it
+        right after the step, before the frameworks' end-of-step hooks)."""
+        try:
+            self.lr = float(optimizer.param_groups[0]["lr"])
+        except Exception:
+            self.lr = None
+
+    def end_step(self, step: int | None) -> None:
+        rec = self.rec
+        if rec is None:
+            return
+        rec.step(self.loss.take(), step=step, lr=self.lr)
+        self.lr = None
+
+    def close(self, status: str | None = None) -> None:
+        for undo in reversed(self._undo):
+            try:
+                undo()
+            except Exception:
+                pass
+        self._undo = []
+        if self.rec is not None:
+            self.rec.close(status)
+
+    def _exit(self) -> None:
+        if self.active:
+            self.close("crashed")
+
+
+def free_dir(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... : the first that holds no earlier run. A run
+    another rank of this job just started there (running, begun after this process) is
+    this job's own."""
+    n = 1
+    candidate = path
+    while n < 10_000:
+        meta = read_json(candidate / "run.json") if (candidate / "run.json").exists() else None
+        if meta is None and not (candidate / "run.json").exists():
+            return candidate
+        if meta is not None and meta.get("status") == "running" and \
+                float(meta.get("started") or 0) >= _process_start() - 30:
+            return candidate
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _process_start() -> float:
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return time.time()
+
+
+def say(message: str) -> None:
+    print(f"tracealyze: {message}", file=sys.stderr)

@@ -1,0 +1,57 @@
+"""Timing a framework's own data loader: how long each ``next()`` waits for a batch.
+
+Frameworks iterate the loader themselves, so ``rec.wrap_loader`` cannot be put around it.
+The loader object's class is swapped for a subclass whose ``__iter__`` times each batch
+(everything else, ``len``, ``set_epoch``, attributes, is the loader's own) and swapped back
+at the end of training. Where that is impossible (a C type, ``__slots__``), nothing is
+timed and ``data_wait_s`` stays empty.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def time_batches(loader: Any, on_wait: Callable[[float], None]) -> Callable[[], None] | None:
+    """Make ``loader`` report each batch's wait to ``on_wait``; returns the undo (or None
+    when the loader cannot be timed)."""
+    cls = type(loader)
+    if loader is None or getattr(cls, "_tracealyze_timed", False):
+        return None
+    base_iter = cls.__iter__
+
+    def __iter__(self: Any) -> Iterator[Any]:
+        it = base_iter(self)
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            try:
+                on_wait(clock() - t0)
+            except Exception:
+                pass
+            yield batch
+
+    timed = type(cls.__name__, (cls,), {
+        "__iter__": __iter__, "_tracealyze_timed": True, "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__})
+    try:
+        _set_class(loader, timed)
+    except (TypeError, AttributeError):
+        return None
+
+    def undo() -> None:
+        if type(loader) is timed:
+            _set_class(loader, cls)
+    return undo
+
+
+def _set_class(obj: Any, cls: type) -> None:
+    # object's own __class__ setter: some loaders (accelerate's DataLoaderShard) shadow
+    # __class__ with a read-only property so that they pass for a torch DataLoader.
+    object.__dict__["__class__"].__set__(obj, cls)

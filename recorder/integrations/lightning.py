@@ -1,0 +1,115 @@
+"""PyTorch Lightning (``lightning.pytorch`` and ``pytorch_lightning``): one line records the
+run.
+
+>>> from tracealyze.recorder.integrations.lightning import TracealyzeCallback  # doctest: +SKIP
+>>> L.Trainer(max_steps=1000, callbacks=[TracealyzeCallback()]).fit(module, loader)
+
+The run directory is ``<trainer.log_dir>/tracealyze`` unless ``run_dir`` is given. A
+recorded step is one optimizer step, numbered as ``trainer.global_step`` (from 0).
+
+Lightning runs forward and backward inside ``optimizer.step(closure)``, so an optimizer hook
+would read the previous step's gradients. The callback reads them in
+``on_before_optimizer_step``: after the closure's backward (the last micro-batch's, with
+``accumulate_grad_batches``), after AMP unscaling, before Lightning clips. The loss is the
+sum of the step's ``on_before_backward`` losses (Lightning divides each by the accumulation
+count: the step's mean loss), the learning rate is the first optimizer's as the step used
+it, and the data wait is timed in the train dataloader. Validation, test and predict loops
+are not recorded as training. ``on_exception`` closes the run as crashed, with the exception.
+
+The class subclasses the ``Callback`` of whichever of ``lightning.pytorch`` and
+``pytorch_lightning`` are installed (both when both are), so either Trainer accepts it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ._session import Session
+
+__all__ = ["TracealyzeCallback"]
+
+
+def _bases() -> tuple[type, ...]:
+    bases: list[type] = []
+    try:
+        from lightning.pytorch import Callback as LCallback
+
+        bases.append(LCallback)
+    except ImportError:
+        pass
+    try:
+        from pytorch_lightning import Callback as PLCallback
+
+        bases.append(PLCallback)
+    except ImportError:
+        pass
+    if not bases:
+        raise ImportError("tracealyze.recorder.integrations.lightning needs lightning "
+                          "(pip install lightning) or pytorch_lightning")
+    return tuple(bases)
+
+
+class TracealyzeCallback(*_bases()):  # type: ignore[misc]
+    """Records a Lightning ``Trainer.fit`` with tracealyze.
+
+    ``run_dir``: where to write (default ``<trainer.log_dir>/tracealyze``); ``preset``:
+    ``"minimal"``, ``"standard"`` or ``"debug"``; any other keyword is a Recorder knob. A bad
+    preset or knob raises ``ValueError`` here, not in the middle of training."""
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, *,
+                 preset: str = "standard", **knobs: Any) -> None:
+        super().__init__()
+        self.session = Session(run_dir, preset, knobs)
+        self._stepped = False
+
+    @property
+    def recorder(self) -> Any:
+        """The :class:`~tracealyze.recorder.Recorder` of the current run (None before
+        ``fit`` starts training)."""
+        return self.session.rec
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        root = trainer.log_dir or trainer.default_root_dir or "."
+        loader = trainer.train_dataloader
+        self.session.start(
+            Path(root) / "tracealyze", model=pl_module,
+            loader=loader if _is_loader(loader) else None,
+            resuming=trainer.global_step > 0)
+        self._stepped = False
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        if self.session.active:
+            self.session.loss.add(loss.detach())
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        rec = self.session.rec
+        if rec is None or self._stepped:  # (a second optimizer: the first one's step)
+            return
+        rec.gradients_ready()
+        self.session.optimizer_about_to_step(optimizer)
+        self._stepped = True
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        rec = self.session.rec
+        if rec is None or not self._stepped:
+            return  # a micro-batch of gradient accumulation: the step goes on
+        self._stepped = False
+        rec.optimizer_stepped()
+        self.session.end_step(trainer.global_step - 1)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.session.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        rec = self.session.rec
+        if rec is not None and not rec._closed:
+            rec._record_exception(exception)
+            self.session.close("crashed")
+
+
+def _is_loader(loader: Any) -> bool:
+    return loader is not None and hasattr(type(loader), "__iter__") and \
+        not isinstance(loader, (list, tuple, dict))
