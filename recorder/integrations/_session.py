@@ -16,7 +16,7 @@ from ..config import RecorderConfig
 from ..recorder import Recorder
 from ..runmeta import read_json
 from . import _backward
-from ._timing import time_batches
+from ._timing import time_batches, time_next
 
 
 class Session:
@@ -43,7 +43,7 @@ class Session:
         return self.rec is not None and not self.rec._closed
 
     def start(self, default_dir: Path, *, model: Any, optimizer: Any = None, scaler: Any = None,
-              loader: Any = None, resuming: bool = False) -> Recorder:
+              loader: Any = None, fetcher: Any = None, resuming: bool = False) -> Recorder:
         """Open the run: ``run_dir`` if given, else ``default_dir`` (or the first free
         ``default_dir-N`` when a finished run is there and training is not resuming)."""
         if self.rec is not None:
@@ -62,7 +62,8 @@ class Session:
             return rec
         _backward.install(id(self), self.loss.add)
         self._undo = [lambda: _backward.uninstall(id(self))]
-        undo = time_batches(loader, rec.data_wait_ended)
+        undo = time_next(fetcher, rec.data_wait_ended) if fetcher is not None else \
+            time_batches(loader, rec.data_wait_ended)
         if undo is not None:
             self._undo.append(undo)
         # atexit runs last-registered first: before the Recorder's own (which would call

@@ -37,17 +37,42 @@ def time_batches(loader: Any, on_wait: Callable[[float], None]) -> Callable[[], 
                 pass
             yield batch
 
+    return _swap(loader, cls, {"__iter__": __iter__})
+
+
+def time_next(fetcher: Any, on_wait: Callable[[float], None]) -> Callable[[], None] | None:
+    """The same for an iterator-like object the framework calls ``next()`` on (Lightning's
+    data fetcher, whose loader iterator exists before any callback runs)."""
+    cls = type(fetcher)
+    if fetcher is None or getattr(cls, "_tracealyze_timed", False) or \
+            not hasattr(cls, "__next__"):
+        return None
+    base_next = cls.__next__
+
+    def __next__(self: Any) -> Any:
+        t0 = time.perf_counter()
+        batch = base_next(self)  # StopIteration passes through
+        try:
+            on_wait(time.perf_counter() - t0)
+        except Exception:
+            pass
+        return batch
+
+    return _swap(fetcher, cls, {"__next__": __next__})
+
+
+def _swap(obj: Any, cls: type, methods: dict[str, Any]) -> Callable[[], None] | None:
     timed = type(cls.__name__, (cls,), {
-        "__iter__": __iter__, "_tracealyze_timed": True, "__module__": cls.__module__,
+        **methods, "_tracealyze_timed": True, "__module__": cls.__module__,
         "__qualname__": cls.__qualname__})
     try:
-        _set_class(loader, timed)
+        _set_class(obj, timed)
     except (TypeError, AttributeError):
         return None
 
     def undo() -> None:
-        if type(loader) is timed:
-            _set_class(loader, cls)
+        if type(obj) is timed:
+            _set_class(obj, cls)
     return undo
 
 

@@ -10,11 +10,12 @@ recorded step is one optimizer step, numbered as ``trainer.global_step`` (from 0
 Lightning runs forward and backward inside ``optimizer.step(closure)``, so an optimizer hook
 would read the previous step's gradients. The callback reads them in
 ``on_before_optimizer_step``: after the closure's backward (the last micro-batch's, with
-``accumulate_grad_batches``), after AMP unscaling, before Lightning clips. The loss is the
-sum of the step's ``on_before_backward`` losses (Lightning divides each by the accumulation
-count: the step's mean loss), the learning rate is the first optimizer's as the step used
-it, and the data wait is timed in the train dataloader. Validation, test and predict loops
-are not recorded as training. ``on_exception`` closes the run as crashed, with the exception.
+``accumulate_grad_batches``), after AMP unscaling, before Lightning clips. The loss is
+the sum over the step's micro-batches of the tensors ``backward()`` ran on (Lightning divides
+each by the accumulation count: the step's mean loss; under AMP, before scaling). The
+learning rate is the first optimizer's as the step used it; the data wait is timed around
+the fit loop's ``next()`` on its data fetcher. Validation, test and predict loops are not
+recorded as training. ``on_exception`` closes the run as crashed, with the exception.
 
 The class subclasses the ``Callback`` of whichever of ``lightning.pytorch`` and
 ``pytorch_lightning`` are installed (both when both are), so either Trainer accepts it.
@@ -75,13 +76,13 @@ class TracealyzeCallback(*_bases()):  # type: ignore[misc]
         loader = trainer.train_dataloader
         self.session.start(
             Path(root) / "tracealyze", model=pl_module,
+            # The fit loop made its loader iterator before any callback runs: the data
+            # fetcher (private; its next() is the wait) is timed, else the loader from its
+            # next epoch on.
+            fetcher=getattr(trainer.fit_loop, "_data_fetcher", None),
             loader=loader if _is_loader(loader) else None,
             resuming=trainer.global_step > 0)
         self._stepped = False
-
-    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        if self.session.active:
-            self.session.loss.add(loss.detach())
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         rec = self.session.rec

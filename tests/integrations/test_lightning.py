@@ -1,0 +1,145 @@
+"""Lightning + TracealyzeCallback on the matrix's nanoGPT: the recorded steps, losses,
+learning rates and gradient norms are those computed inside Lightning's training step, with
+gradient accumulation, clipping, a scheduler and validation in the middle of training. The
+optimizer-hook recipe got every norm one step late here (Lightning steps the optimizer
+before its closure runs the backward)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rec_helpers import FAST, events, run_json, steps_by_number
+from reference import assert_close, grad_norms
+
+L = pytest.importorskip("lightning.pytorch")
+
+from tracealyze.recorder.integrations.lightning import TracealyzeCallback  # noqa: E402
+
+from tests.matrix.models import NanoGPT, nanogpt_adamw, nanogpt_loss, token_batches  # noqa: E402
+
+
+class TokenData(torch.utils.data.Dataset):
+    def __init__(self, n: int, seed: int = 0) -> None:
+        draw = token_batches(seed, 1)
+        self.rows = [draw(i)[0] for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.rows[i]
+
+
+class GPTModule(L.LightningModule):
+    """nanoGPT in a LightningModule; keeps the in-step reference values."""
+
+    def __init__(self, accumulate: int) -> None:
+        super().__init__()
+        self.model = NanoGPT(0)
+        self.accumulate = accumulate
+        self.micro_losses: list[float] = []
+        self.ref_loss: list[float] = []
+        self.ref_norms: list[dict[str, float]] = []
+        self.ref_lr: list[float] = []
+
+    def training_step(self, ids: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = nanogpt_loss(self.model, ids)
+        self.micro_losses.append(float(loss))
+        return loss
+
+    def validation_step(self, ids: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_loss", nanogpt_loss(self.model, ids))
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        # after the last micro-batch's backward, before Lightning clips
+        self.ref_norms.append({f"model.{n}": float(p.grad.double().norm())
+                               for n, p in self.model.named_parameters() if p.grad is not None})
+        self.ref_loss.append(sum(self.micro_losses) / len(self.micro_losses))
+        self.micro_losses = []
+        self.ref_lr.append(optimizer.param_groups[0]["lr"])
+
+    def configure_optimizers(self) -> Any:
+        opt = nanogpt_adamw(self.model, 3e-3)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _trainer(root: Path, cb: Any, **kw: Any) -> Any:
+    base = dict(max_steps=8, accumulate_grad_batches=2, gradient_clip_val=0.5,
+                val_check_interval=4, limit_val_batches=2, default_root_dir=str(root),
+                accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False)
+    base.update(kw)
+    return L.Trainer(callbacks=[cb], **base)
+
+
+def test_lightning_records_the_values_of_its_training_step(tmp_path: Path) -> None:
+    module = GPTModule(accumulate=2)
+    cb = TracealyzeCallback(**FAST)
+    loader = torch.utils.data.DataLoader(TokenData(64), batch_size=4)
+    val = torch.utils.data.DataLoader(TokenData(8, seed=1), batch_size=4)
+    _trainer(tmp_path, cb).fit(module, loader, val)
+    run = tmp_path / "tracealyze"
+    steps = steps_by_number(run)
+    assert sorted(steps) == list(range(8))  # optimizer steps, validation not counted
+    assert run_json(run)["status"] == "completed"
+    per_param = grad_norms(run)
+    clipped = 0
+    for i in range(8):
+        s = steps[i]
+        assert_close(s["loss"], module.ref_loss[i], 1e-5, f"loss at {i}")
+        assert_close(s["lr"], module.ref_lr[i], 1e-9, f"lr at {i}")
+        total = math.sqrt(sum(v * v for v in module.ref_norms[i].values()))
+        assert_close(s["grad_norm"], total, 1e-4, f"grad_norm at {i}")
+        clipped += total > 0.5
+        assert set(per_param[i]) == set(module.ref_norms[i])
+        for name, v in module.ref_norms[i].items():
+            assert_close(per_param[i][name], v, 1e-4, f"{name} at {i}")
+        assert s["data_wait_s"] is not None
+    assert clipped >= 1  # the norms recorded are from before clipping
+    assert not events(run, "recorder_error")
+
+
+def test_an_exception_in_training_closes_the_run_as_crashed(tmp_path: Path) -> None:
+    class Boom(GPTModule):
+        def training_step(self, ids: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            if self.global_step == 3:
+                raise RuntimeError("boom at step 3")
+            return super().training_step(ids, batch_idx)
+
+    loader = torch.utils.data.DataLoader(TokenData(64), batch_size=4)
+    with pytest.raises(RuntimeError, match="boom"):
+        _trainer(tmp_path, TracealyzeCallback(**FAST), accumulate_grad_batches=1,
+                 limit_val_batches=0).fit(Boom(accumulate=1), loader)
+    run = tmp_path / "tracealyze"
+    assert run_json(run)["status"] == "crashed"
+    assert sorted(steps_by_number(run)) == [0, 1, 2]
+    assert any("boom at step 3" in (e["message"] or "") for e in events(run, "exception"))
+
+
+def test_pytorch_lightning_trainer_accepts_the_same_callback(tmp_path: Path) -> None:
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: Any, _i: int) -> torch.Tensor:
+            x, y = batch
+            return ((self.net(x) - y) ** 2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    pl.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False,
+               enable_progress_bar=False, enable_model_summary=False,
+               default_root_dir=str(tmp_path), callbacks=[TracealyzeCallback(**FAST)]).fit(
+        Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
+    steps = steps_by_number(tmp_path / "tracealyze")
+    assert sorted(steps) == list(range(5)) and all(s["grad_norm"] > 0 for s in steps.values())
