@@ -255,3 +255,39 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+              help="Where to write (default runs/<script>-<date-time>).")
+@click.option("--preset", type=click.Choice(["minimal", "standard", "debug"]),
+              default="standard", show_default=True, help="Recorder preset.")
+@click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE",
+              help="Override a recorder knob (repeatable), e.g. --set grad_norm_every=10.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@_edge
+def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
+           command: tuple[str, ...]) -> None:
+    """Run an unmodified training COMMAND under the recorder.
+
+    Finds the model and optimizer by itself (transformers and Lightning Trainers get their
+    callback), records every optimizer step, passes signals on, and exits with the
+    command's exit code. Works under torchrun (one run directory, one folder per rank).
+
+    \b
+    Example:
+      tracealyze record --run-dir runs/exp1 -- python train.py --epochs 3
+      tracealyze record -- torchrun --nproc-per-node 2 train.py
+    """
+    from . import record as rec
+
+    knobs = rec.parse_set(sets)
+    rec.check_knobs(preset, knobs)
+    rec.check_command(command)
+    target = run_dir if run_dir is not None else rec.default_run_dir(command)
+    code = rec.record(command, run_dir=target, preset=preset, knobs=knobs)
+    recorded = (target / "run.json").exists()
+    click.echo(f"tracealyze: {'recorded ' + str(target) if recorded else 'nothing recorded'}"
+               f" (exit code {code})" + ("" if recorded else
+                                         ": no optimizer stepped in the command"), err=True)
+    sys.exit(code)

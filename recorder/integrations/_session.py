@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,13 +36,19 @@ class Session:
         self.loss = _backward.StepLoss()
         self.lr: float | None = None
         self._undo: list[Callable[[], None]] = []
+        # How a run still open when the interpreter exits is closed: a framework's run
+        # that never reached its end-of-training hook crashed; a plain script under
+        # ``tracealyze record`` that exits has finished (an uncaught exception is marked
+        # crashed by the Recorder's excepthook before this runs).
+        self.exit_status = "crashed"
 
     @property
     def active(self) -> bool:
         return self.rec is not None and not self.rec._closed
 
     def start(self, default_dir: Path, *, model: Any, optimizer: Any = None, scaler: Any = None,
-              loader: Any = None, fetcher: Any = None, resuming: bool = False) -> Recorder:
+              loader: Any = None, fetcher: Any = None, resuming: bool = False,
+              capture_loss: bool = True) -> Recorder:
         """Open the run: ``run_dir`` if given, else ``default_dir`` (or the first free
         ``default_dir-N`` when a finished run is there and training is not resuming)."""
         if self.rec is not None:
@@ -60,8 +65,10 @@ class Session:
                                   preset=self.preset, resume=resume, **self.knobs)
         if not rec.config.enabled:
             return rec
-        _backward.install(id(self), self.loss.add)
-        self._undo = [lambda: _backward.uninstall(id(self))]
+        self._undo = []
+        if capture_loss:  # (else the caller feeds self.loss)
+            _backward.install(id(self), self.loss.add)
+            self._undo.append(lambda: _backward.uninstall(id(self)))
         undo = time_next(fetcher, rec.data_wait_ended) if fetcher is not None else \
             time_batches(loader, rec.data_wait_ended)
         if undo is not None:
@@ -100,7 +107,7 @@ class Session:
 
     def _exit(self) -> None:
         if self.active:
-            self.close("crashed")
+            self.close(self.exit_status)
 
 
 def free_dir(path: Path) -> Path:
@@ -129,6 +136,3 @@ def _process_start() -> float:
     except Exception:
         return time.time()
 
-
-def say(message: str) -> None:
-    print(f"tracealyze: {message}", file=sys.stderr)
