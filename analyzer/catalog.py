@@ -25,6 +25,7 @@ from tracealyze.format.parts import (
 )
 from tracealyze.format.runmeta import Liveness, MetaError, load_json
 
+from . import shards
 from .errors import QueryError, RunDirError, SchemaVersionError
 from .schema import DUCKDB_TYPES, SCHEMA_VERSION, TABLE_NAMES, TABLES
 
@@ -379,6 +380,8 @@ def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
             if table == "trace_events":
                 continue
             con.execute(f"CREATE VIEW {table} AS {_view_sql(table, valid[table])}")
+        if shards.is_sharded(meta):
+            shards.combine(con)
         tsql = _view_sql("trace_events", valid["trace_events"])
         con.execute(f"CREATE VIEW trace_events AS {tsql}")
         raw = _load_raw_traces(run)

@@ -19,6 +19,20 @@ from .config import RecorderConfig
 from .stats import FullStats, NormPlan, norms
 
 
+def is_dtensor(t: Any) -> bool:
+    """A ``torch.distributed.tensor.DTensor`` (FSDP2's sharded parameters and gradients),
+    by its class name: no import of torch.distributed for runs that never use it."""
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
+def local_shards(tensors: list[Any]) -> list[Any]:
+    """This rank's shard of each DTensor (others as they are). Statistics of a DTensor
+    itself would run collectives, which the recorder must never start (on the writer thread
+    or at a step only some ranks read); its shard is local data. The analyzer combines the
+    ranks' shards (FORMAT.md, sharded runs)."""
+    return [t.to_local() if is_dtensor(t) else t for t in tensors]
+
+
 def due(every: int, step: int) -> bool:
     """Whether a feature with cadence ``every`` (0 = off) runs at ``step``."""
     return every > 0 and step % every == 0
@@ -59,6 +73,8 @@ class GradReader:
         (the recorder writes an event)."""
         self.named = named_params
         self.params = [p for _, p in named_params]
+        # FSDP2 (fully_shard): parameters and gradients are DTensors, read shard by shard.
+        self.sharded = any(is_dtensor(p) for p in self.params)
         self.config = config
         self.full = full
         self.layout: GradLayout | None = None
@@ -82,6 +98,8 @@ class GradReader:
         # read each, no device work). Which parameters have one (frozen ones have none) is
         # compared as a list of flags; everything else about that set is worked out once.
         grads = [p.grad for p in self.params]
+        if self.sharded:
+            grads = local_shards(grads)
         present = [g is not None for g in grads]
         layout = self.layout
         if layout is None or layout.present != present:
@@ -110,11 +128,19 @@ class GradReader:
         before it clips (see :mod:`.clipping`), taken as ``acc``'s gradient norms for free.
         Else None."""
         grads, layout = self._grads()
-        if not (layout.one_group and len(grads) == len(tensors)
-                and all(a is b for a, b in zip(grads, tensors, strict=True))):
+        raw = grads
+        if self.sharded:  # clip_grad_norm_ is handed the DTensors themselves
+            raw = [p.grad for p in self.params]
+            if layout.select is not None:
+                raw = list(compress(raw, layout.select))
+        if not (layout.one_group and len(raw) == len(tensors)
+                and all(a is b for a, b in zip(raw, tensors, strict=True))):
             return None
 
         def take(per_tensor: list[torch.Tensor]) -> None:
+            if self.sharded:
+                # a DTensor norm is partial: its local value is this shard's norm
+                per_tensor = local_shards(per_tensor)
             acc.add(layout.piece, torch.stack(per_tensor))
             acc.norms_read = True
             if due(self.config.tensor_stats_every, acc.step):
@@ -155,7 +181,7 @@ class GradReader:
                 if stats_due and not acc.stats_read:
                     self._grad_stats(acc, grads, layout)
         if due(cfg.param_stats_every, acc.step):
-            ps = [p.detach() for p in self.params]
+            ps = local_shards([p.detach() for p in self.params])
             acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self.named),
                           tuple(p.numel() for p in ps)), self.full(ps))
 
@@ -168,7 +194,7 @@ class GradReader:
         """Before the optimizer step: a copy of the trainable parameters at the update-ratio
         cadence (debug only), so the update is new - old afterwards."""
         if due(self.config.update_ratio_every, step):
-            params = [p.detach() for p in self.params if p.requires_grad]
+            params = local_shards([p.detach() for p in self.params if p.requires_grad])
             self.snapshot = torch._foreach_mul(params, 1.0) if params else None
 
     def update_ratio(self, acc: StepAccum) -> None:
@@ -177,7 +203,7 @@ class GradReader:
         if old is None:
             return
         pairs = [(n, p.detach()) for n, p in self.named if p.requires_grad]
-        new = [p for _, p in pairs]
+        new = local_shards([p for _, p in pairs])
         delta = torch._foreach_sub(new, old)
         m = torch.stack([norms(delta), norms(new)], dim=1)
         acc.add(Piece("update", len(new) * 2, tuple(n for n, _ in pairs),

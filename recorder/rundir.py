@@ -127,6 +127,8 @@ def model_summary(model: nn.Module | None) -> dict[str, Any] | None:
         "modules": sum(1 for _ in model.modules()),
         "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in params}),
         "devices": sorted({str(p.device) for p in params}),
+        # FSDP2: each rank records its shards; the analyzer combines them (FORMAT.md)
+        "sharded": any(type(p).__name__ == "DTensor" for p in params),
     }
 
 
