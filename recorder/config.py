@@ -29,6 +29,12 @@ class RecorderConfig:
     time that changes. 0 reads them at every ``grad_norm_every`` step whatever they cost."""
     store_grad_norms: bool = True
     """Write the per-parameter norms to tensor_stats (False keeps only the step totals)."""
+    grad_stats_all_ranks: bool = False
+    """Under DistributedDataParallel the gradients are identical on every rank after the
+    all-reduce, so by default only rank 0 writes per-parameter gradient norms and full
+    gradient statistics (every rank still writes its steps.grad_norm and nonfinite count,
+    which the NaN and straggler checks compare). True writes them on every rank. Sharded
+    runs (FSDP2) always write every rank's shards."""
     tensor_stats_every: int = 100
     """Full gradient statistics (absmax, mean, std, min, max, zero_frac, nonfinite)."""
     param_stats_every: int = 100

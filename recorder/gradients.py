@@ -75,6 +75,7 @@ class GradReader:
         self.params = [p for _, p in named_params]
         # FSDP2 (fully_shard): parameters and gradients are DTensors, read shard by shard.
         self.sharded = any(is_dtensor(p) for p in self.params)
+        self.grad_stats = True  # full gradient statistics on this rank (see Recorder)
         self.config = config
         self.full = full
         self.layout: GradLayout | None = None
@@ -143,7 +144,7 @@ class GradReader:
                 per_tensor = local_shards(per_tensor)
             acc.add(layout.piece, torch.stack(per_tensor))
             acc.norms_read = True
-            if due(self.config.tensor_stats_every, acc.step):
+            if self.grad_stats and due(self.config.tensor_stats_every, acc.step):
                 # A full-statistics step: the gradients' statistics before clipping too
                 # (clipping only scales them, but their absmax/std would be the clipped ones).
                 self._grad_stats(acc, grads, layout)
@@ -168,7 +169,7 @@ class GradReader:
         # A full-statistics step also reads the norms when the budget's stride skips them,
         # so the steps that have full statistics always have steps.grad_norm too.
         norms_due = due(cfg.grad_norm_every * self.budget.stride, acc.step)
-        stats_due = due(cfg.tensor_stats_every, acc.step)
+        stats_due = self.grad_stats and due(cfg.tensor_stats_every, acc.step)
         if norms_due or stats_due:
             grads, layout = self._grads()
             if grads:

@@ -42,6 +42,17 @@ def compiled(model: Any) -> bool:
     return False
 
 
+def wrapped_in_ddp(model: Any) -> bool:
+    """Whether ``model`` is (or, inside torch.compile, holds) a DistributedDataParallel."""
+    for _ in range(8):
+        if model is None:
+            return False
+        if type(model).__name__ == "DistributedDataParallel":
+            return True
+        model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+    return False
+
+
 def is_compiling() -> bool:
     try:
         return bool(torch.compiler.is_compiling())

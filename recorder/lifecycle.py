@@ -39,6 +39,7 @@ class StepLifecycle:
     _acc: StepAccum
     _pending: StepAccum | None
     _pending_sig: tuple[int, int] | None
+    _grad_rows: bool
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              **metrics: Any) -> None:
@@ -247,7 +248,7 @@ class StepLifecycle:
             scaler=acc.scaler, memory=memory, probe=self._probe,
             rss=self._probe.rss() if memory else None,
             heap=self._probe.heap() if memory else None, nonfinite_state=self._nonfinite_state,
-            store_grad_norms=self.config.store_grad_norms,
+            store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc),
         )
         self._next_step = acc.step + 1

@@ -34,7 +34,7 @@ from .capture import Piece, StepAccum, event_row, exception_row
 from .config import RecorderConfig, check_arguments, unwrap_optimizer
 from .dist import rank_and_world
 from .gradients import GradReader
-from .hooks import compiled, unwrap_model
+from .hooks import compiled, unwrap_model, wrapped_in_ddp
 from .lifecycle import StepLifecycle
 from .loader import TimedLoader
 from .process_hooks import ProcessHooks
@@ -77,6 +77,7 @@ class Recorder(StepLifecycle):
         self.run_dir = Path(run_dir)
         self.model = unwrap_model(model) if model is not None else None
         self._compiled_model = model is not None and compiled(model)
+        self._ddp = model is not None and wrapped_in_ddp(model)
         # The hooks go on the torch optimizer inside a framework's wrapper (accelerate,
         # Lightning), which every wrapper steps.
         self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
@@ -110,6 +111,10 @@ class Recorder(StepLifecycle):
         self._full = FullStats(self.config.stats_chunk_elems)
         self._reader = GradReader(self._named_params, self.config, self._full,
                                   on_stride=self._norm_stride_changed)
+        # DDP: every rank holds the same gradients; rank 0 writes their per-parameter rows
+        self._grad_rows = (self.config.grad_stats_all_ranks or not self._ddp
+                           or self.rank == 0)
+        self._reader.grad_stats = self._grad_rows
         self._probe = MemoryProbe(self._device)
         self._nonfinite_state: dict[str, Any] = {}
         self._writer = Writer(

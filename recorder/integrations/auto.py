@@ -166,9 +166,10 @@ def _give_up(exc: BaseException) -> None:
 
 def find_model(optimizer: Any) -> Any:
     """The module whose parameters the optimizer holds: among live ``nn.Module`` objects,
-    the one holding the most of them (the smallest such, so that a wrapper or a container of
-    several models is not taken for the model when the model itself holds them all). A
-    one-time scan of the garbage collector's objects, at the first step."""
+    the one holding the most of them (the smallest such, so that a container of several
+    models is not taken for the model when the model itself holds them all; of a model and
+    its DDP/compile wrappers, the outermost). A one-time scan of the garbage collector's
+    objects, at the first step."""
     from torch import nn
 
     wanted = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -184,7 +185,7 @@ def find_model(optimizer: Any) -> Any:
         held = sum(1 for i in ids if i in wanted)
         if held == 0:
             continue
-        key = (held, -len(ids), _is_plain(obj))
+        key = (held, -len(ids), _wrapper_rank(obj))
         if best_key is None or key > best_key:
             best, best_key = obj, key
     if best is None:
@@ -192,10 +193,12 @@ def find_model(optimizer: Any) -> Any:
     return best
 
 
-def _is_plain(module: Any) -> bool:
-    """A user's module rather than a wrapper around it (DDP, torch.compile)."""
-    name = type(module).__name__
-    return name not in ("DistributedDataParallel", "DataParallel", "OptimizedModule")
+def _wrapper_rank(module: Any) -> int:
+    """Among modules holding the same parameters, the outermost wrapper is taken: the
+    Recorder unwraps it to the user's module, and learns from it that the run is DDP (whose
+    ranks hold the same gradients) or compiled (no activation tracing)."""
+    return {"DistributedDataParallel": 2, "DataParallel": 2,
+            "OptimizedModule": 1}.get(type(module).__name__, 0)
 
 
 def _time_data_loaders(torch: Any) -> None:

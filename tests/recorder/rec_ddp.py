@@ -26,7 +26,8 @@ def main() -> None:
     data = batches(8, seed=10 + rank)  # different data per rank; DDP averages the grads
     with Recorder(run_dir, model=model, optimizer=opt, flush_interval_s=0.05,
                   system_interval_s=0, profile_start=0, preset="debug",
-                  activation_stats_every=2, tensor_stats_every=2) as rec:
+                  activation_stats_every=2, tensor_stats_every=2,
+                  grad_stats_all_ranks=len(sys.argv) > 2 and sys.argv[2] == "all") as rec:
         for x, y in data[:4]:
             loss = loss_fn(model, x, y)
             opt.zero_grad()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.utils.clip_grad as clip_grad
 from rec_helpers import FAST, batches, steps_by_number, tiny_model
@@ -80,51 +79,3 @@ def test_unclipped_run_has_no_clip_threshold(tmp_path: Path) -> None:
             opt.step()
             rec.step(loss=loss)
     assert {s["grad_clip_max"] for s in steps_by_number(tmp_path / "run").values()} == {None}
-
-
-def test_hf_trainer_clipping_keeps_the_norms_before_it(tmp_path: Path) -> None:
-    """transformers.Trainer clips through accelerate -> torch.nn.utils.clip_grad_norm_: the
-    recorder (driven here by a minimal callback; the packaged integration is issue #14)
-    still records the norms before clipping and the Trainer's max_grad_norm."""
-    import sys
-
-    pytest.importorskip("accelerate")
-    transformers = pytest.importorskip("transformers")
-    root = str(Path(__file__).resolve().parents[2])
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from tests.matrix.models import hf_gpt2, token_batches
-
-    class Data(torch.utils.data.Dataset):
-        def __init__(self) -> None:
-            self.draw = token_batches(0, 1)
-
-        def __len__(self) -> int:
-            return 64
-
-        def __getitem__(self, i: int) -> dict:
-            ids = self.draw(i)[0]
-            return {"input_ids": ids, "labels": ids}
-
-    run = tmp_path / "run"
-
-    class Rec(transformers.TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, optimizer=None, **kw):
-            inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper
-            self.rec = Recorder(run, model=model, optimizer=inner, **FAST)
-
-        def on_step_end(self, args, state, control, **kw):
-            self.rec.step(step=state.global_step - 1)
-
-        def on_train_end(self, *a, **kw):
-            self.rec.close()
-
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=8,
-        learning_rate=1e-3, max_grad_norm=0.05, report_to=[], use_cpu=True,
-        save_strategy="no", logging_steps=1000)
-    transformers.Trainer(model=hf_gpt2(0), args=args, train_dataset=Data(),
-                         callbacks=[Rec()]).train()
-    steps = steps_by_number(run)
-    assert sorted(steps) == list(range(6))
-    assert all(s["grad_clip_max"] == 0.05 and s["grad_norm"] > 0.5 for s in steps.values())

@@ -26,14 +26,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_rank_ddp_run(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def _launch(run_dir: Path, *extra: str) -> list[str]:
     port = str(free_port())
     procs = []
     for rank in (0, 1):
         env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
                              WORLD_SIZE="2", LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "rec_ddp.py"), str(run_dir)],
+        procs.append(subprocess.Popen([sys.executable, str(HERE / "rec_ddp.py"), str(run_dir),
+                                       *extra],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, env=env))
     outs = []
@@ -46,6 +46,12 @@ def test_two_rank_ddp_run(tmp_path: Path) -> None:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+    return outs
+
+
+def test_two_rank_ddp_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    outs = _launch(run_dir)
     pids = {int(line.split()[1]): int(line.split()[2])
             for out in outs for line in out.splitlines() if line.startswith("DONE")}
     assert set(pids) == {0, 1}
@@ -59,8 +65,10 @@ def test_two_rank_ddp_run(tmp_path: Path) -> None:
             assert {r["rank"] for r in rows(run_dir, table, rank)} == {rank}
         assert [r["step"] for r in rows(run_dir, "steps", rank)] == [0, 1, 2, 3]
         ts = rows(run_dir, "tensor_stats", rank)
-        # Names are the user's module's own: no DDP 'module.' prefix.
-        assert {r["name"] for r in ts if r["kind"] == "grad"} == PARAM_NAMES
+        # Names are the user's module's own: no DDP 'module.' prefix. The gradients are
+        # the same on both ranks after the all-reduce: only rank 0 writes their rows.
+        grads = {r["name"] for r in ts if r["kind"] == "grad"}
+        assert grads == (PARAM_NAMES if rank == 0 else set())
         act = {r["name"] for r in ts if r["kind"] == "activation"}
         assert act and not any(n.startswith("module") for n in act)
     for table in TABLE_NAMES:
@@ -88,3 +96,11 @@ def test_two_rank_ddp_run(tmp_path: Path) -> None:
         assert rm["rank"] == rank and rm["pid"] == pids[rank]
         assert rm["status"] == "completed" and rm["steps"] == 4
         assert rm["run_id"] == meta["run_id"]  # one run, whichever rank started first
+
+
+def test_ddp_gradient_rows_on_every_rank_when_asked(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _launch(run_dir, "all")
+    for rank in (0, 1):
+        ts = rows(run_dir, "tensor_stats", rank)
+        assert {r["name"] for r in ts if r["kind"] == "grad"} == PARAM_NAMES
