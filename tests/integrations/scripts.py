@@ -5,18 +5,18 @@ argument."""
 PLAIN = '''
 import json, sys, torch
 sys.path.insert(0, {root!r})
-from tests.matrix.models import NanoGPT, nanogpt_adamw, nanogpt_loss, token_batches
+from tests.matrix.models import MODELS
 
-torch.manual_seed(0)
-model = NanoGPT(0)
-opt = nanogpt_adamw(model, 3e-3)
+spec = MODELS[sys.argv[3] if len(sys.argv) > 3 else "nanogpt"]
+model = spec.build(0)
+opt = spec.optimizer(model, spec.lr * 3)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-draw = token_batches(0, 8)
-rows = torch.cat([draw(i) for i in range(12)])
-loader = torch.utils.data.DataLoader(rows, batch_size=8)
+draw = spec.data(0)
+batches = [draw(i) for i in range(6)]
+loader = torch.utils.data.DataLoader(batches, batch_size=None)
 ref = []
-for ids in loader:
-    loss = nanogpt_loss(model, ids)
+for batch in loader:
+    loss = spec.loss(model, batch)
     opt.zero_grad()
     loss.backward()
     norms = {{n: float(p.grad.double().norm()) for n, p in model.named_parameters()
@@ -25,8 +25,8 @@ for ids in loader:
     opt.step()
     sched.step()
     with torch.no_grad():  # an evaluation pass: not a step
-        for ids in torch.utils.data.DataLoader(rows[:8], batch_size=8):
-            nanogpt_loss(model, ids)
+        for b in torch.utils.data.DataLoader(batches[:2], batch_size=None):
+            spec.loss(model, b)
 json.dump(ref, open(sys.argv[1], "w"))
 sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
 '''

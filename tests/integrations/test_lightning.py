@@ -19,7 +19,13 @@ L = pytest.importorskip("lightning.pytorch")
 
 from tracealyze.recorder.integrations.lightning import TracealyzeCallback  # noqa: E402
 
-from tests.matrix.models import NanoGPT, nanogpt_adamw, nanogpt_loss, token_batches  # noqa: E402
+from tests.matrix.models import (  # noqa: E402
+    MODELS,
+    NanoGPT,
+    nanogpt_adamw,
+    nanogpt_loss,
+    token_batches,
+)
 
 
 class TokenData(torch.utils.data.Dataset):
@@ -35,24 +41,29 @@ class TokenData(torch.utils.data.Dataset):
 
 
 class GPTModule(L.LightningModule):
-    """nanoGPT in a LightningModule; keeps the in-step reference values."""
+    """A matrix model in a LightningModule (nanoGPT by default); keeps the in-step
+    reference values."""
 
-    def __init__(self, accumulate: int) -> None:
+    def __init__(self, accumulate: int, spec: str | None = None) -> None:
         super().__init__()
-        self.model = NanoGPT(0)
+        self.spec = MODELS[spec] if spec else None
+        self.model = self.spec.build(0) if self.spec else NanoGPT(0)
         self.accumulate = accumulate
         self.micro_losses: list[float] = []
         self.ref_loss: list[float] = []
         self.ref_norms: list[dict[str, float]] = []
         self.ref_lr: list[float] = []
 
-    def training_step(self, ids: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss = nanogpt_loss(self.model, ids)
+    def _loss(self, batch: Any) -> torch.Tensor:
+        return self.spec.loss(self.model, batch) if self.spec else nanogpt_loss(self.model, batch)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
         self.micro_losses.append(float(loss))
         return loss
 
-    def validation_step(self, ids: torch.Tensor, batch_idx: int) -> None:
-        self.log("val_loss", nanogpt_loss(self.model, ids))
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val_loss", self._loss(batch))
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         # after the last micro-batch's backward, before Lightning clips
@@ -63,7 +74,8 @@ class GPTModule(L.LightningModule):
         self.ref_lr.append(optimizer.param_groups[0]["lr"])
 
     def configure_optimizers(self) -> Any:
-        opt = nanogpt_adamw(self.model, 3e-3)
+        opt = (self.spec.optimizer(self.model, self.spec.lr * 3) if self.spec
+               else nanogpt_adamw(self.model, 3e-3))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
@@ -77,11 +89,26 @@ def _trainer(root: Path, cb: Any, **kw: Any) -> Any:
     return L.Trainer(callbacks=[cb], **base)
 
 
-def test_lightning_records_the_values_of_its_training_step(tmp_path: Path) -> None:
-    module = GPTModule(accumulate=2)
+class Batches(torch.utils.data.Dataset):
+    """A matrix model's own batches, one per item (loaded with batch_size=None)."""
+
+    def __init__(self, spec: str, n: int, seed: int = 0) -> None:
+        draw = MODELS[spec].data(seed)
+        self.items = [draw(i) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+
+@pytest.mark.parametrize("spec", sorted(MODELS))
+def test_lightning_records_the_values_of_its_training_step(tmp_path: Path, spec: str) -> None:
+    module = GPTModule(accumulate=2, spec=spec)
     cb = TracealyzeCallback(**FAST)
-    loader = torch.utils.data.DataLoader(TokenData(64), batch_size=4)
-    val = torch.utils.data.DataLoader(TokenData(8, seed=1), batch_size=4)
+    loader = torch.utils.data.DataLoader(Batches(spec, 16), batch_size=None)
+    val = torch.utils.data.DataLoader(Batches(spec, 2, seed=1), batch_size=None)
     _trainer(tmp_path, cb).fit(module, loader, val)
     run = tmp_path / "tracealyze"
     steps = steps_by_number(run)

@@ -32,8 +32,12 @@ def _record(tmp_path: Path, code: str, *args: str, run: str = "run",
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 
-def test_plain_loop_is_recorded_with_its_own_values(tmp_path: Path) -> None:
-    out = _record(tmp_path, scripts.PLAIN, str(tmp_path / "ref.json"),
+@pytest.mark.parametrize("spec,model_class", [
+    ("nanogpt", "NanoGPT"), ("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"),
+    ("resnet", "ResNet")])
+def test_plain_loop_is_recorded_with_its_own_values(tmp_path: Path, spec: str,
+                                                    model_class: str) -> None:
+    out = _record(tmp_path, scripts.PLAIN, str(tmp_path / "ref.json"), "0", spec,
                   extra=("--set", "system_interval_s=0", "--set", "grad_norm_budget=0"))
     assert out.returncode == 0, out.stderr
     ref = json.loads((tmp_path / "ref.json").read_text())
@@ -51,7 +55,7 @@ def test_plain_loop_is_recorded_with_its_own_values(tmp_path: Path) -> None:
         assert steps[i]["data_wait_s"] is not None
     meta = run_json(run)
     assert meta["status"] == "completed" and meta["exit_code"] == 0
-    assert meta["model"]["class"] == "NanoGPT"
+    assert meta["model"]["class"] == model_class
     assert f"recorded {run}" in out.stderr
 
 
@@ -139,3 +143,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, argv: list[str], messa
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_record_command_itself_never_imports_torch() -> None:
+    code = ("import sys\nfrom tracealyze.analyzer import record as r\n"
+            "r.check_knobs('debug', {'grad_norm_every': 2}); r.boot_dir()\n"
+            "r.check_command([sys.executable, '-c', 'pass'])\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

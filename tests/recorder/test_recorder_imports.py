@@ -8,13 +8,16 @@ from pathlib import Path
 
 from rec_helpers import run_script, write_script
 
-FORBIDDEN = ("duckdb", "jinja2", "click")
+# the analyzer's dependencies, and the frameworks the integrations are for
+FORBIDDEN = ("duckdb", "jinja2", "click", "transformers", "lightning", "pytorch_lightning",
+             "accelerate")
 
 
 def test_recorder_import_loads_no_analyzer_dependencies(tmp_path: Path) -> None:
     script = write_script(tmp_path, "imp.py", """
         import json, sys
         import tracealyze.recorder
+        import tracealyze.recorder.integrations  # noqa: F401
         from tracealyze.recorder import Recorder  # noqa: F401
         # Constructing and using a recorder must not import them lazily either.
         import torch

@@ -1,0 +1,51 @@
+"""The README's framework examples, run as a user would paste them (each in a fresh
+interpreter, in an empty directory), and the run they record checked."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rec_helpers import run_json, steps_by_number, subprocess_env
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CLI = [sys.executable, "-c", "from tracealyze.analyzer.cli import main; main()"]
+
+
+def example(name: str) -> str:
+    m = re.search(rf"<!-- readme-example: {name} -->\s*```\w+\n(.*?)```", README.read_text(),
+                  re.S)
+    assert m, f"README has no example {name!r}"
+    return m.group(1)
+
+
+@pytest.mark.parametrize("name,module", [("hf", "transformers"),
+                                         ("lightning", "lightning.pytorch")])
+def test_framework_example_records_its_steps(tmp_path: Path, name: str, module: str) -> None:
+    pytest.importorskip(module)
+    out = subprocess.run([sys.executable, "-c", example(name)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "out" / "tracealyze"
+    assert run_json(run)["status"] == "completed"
+    steps = steps_by_number(run)
+    assert sorted(steps) == list(range(20))
+    assert all(s["loss"] is not None and s["grad_norm"] is not None for s in steps.values())
+
+
+def test_record_example_runs_the_first_command(tmp_path: Path) -> None:
+    line = example("record").splitlines()[0]
+    assert line.startswith("tracealyze record --run-dir runs/plain -- python train.py")
+    (tmp_path / "train.py").write_text(
+        "import torch\nm = torch.nn.Linear(4, 1)\no = torch.optim.SGD(m.parameters(), 0.1)\n"
+        "for _ in range(5):\n    m(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "    o.step(); o.zero_grad()\n")
+    args = line.split()[1:]
+    args[args.index("python")] = sys.executable
+    out = subprocess.run([*CLI, *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(steps_by_number(tmp_path / "runs" / "plain")) == list(range(5))
