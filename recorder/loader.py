@@ -19,14 +19,17 @@ class TimedLoader:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        it = iter(self.loader)
-        clock = time.perf_counter
-        on_wait = self.on_wait
-        while True:
-            t0 = clock()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            on_wait(clock() - t0)
-            yield batch
+        return timed(iter(self.loader), self.on_wait)
+
+
+def timed(it: Iterator[Any], on_wait: Callable[[float], None]) -> Iterator[Any]:
+    """``it``'s items, reporting how long each ``next()`` waited."""
+    clock = time.perf_counter
+    while True:
+        t0 = clock()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        on_wait(clock() - t0)
+        yield batch

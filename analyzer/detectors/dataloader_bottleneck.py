@@ -19,11 +19,15 @@ DEFAULTS: dict[str, Any] = {
     "error_share": 0.5,     # ≥ this → error
     "min_steps": 10,
     "window": 20,           # first_step: first window of this many steps above warn_share
+    "min_wait_s": 0.001,    # ... and only a warning when the mean wait is ≥ this per step and
+    "min_total_s": 1.0,     # the waits add up to ≥ this: below, the "wait" is the Python cost
+                            # of a tiny loader next to sub-millisecond steps (info)
 }
 DOC = {
     "meaning": "The GPU/CPU waits for input data: the data pipeline limits throughput.",
     "rule": "sum(data_wait_s) / sum(duration_s) after warm-up ≥ warn_share (warning) or "
-            "error_share (error), per rank (worst reported).",
+            "error_share (error), per rank (worst reported); info when the mean wait is "
+            "below min_wait_s or the waits total less than min_total_s.",
     "fixes": "Raise DataLoader num_workers, pin_memory=True, persistent_workers=True, "
              "prefetch_factor, move decoding/augmentation off the hot path or cache it.",
 }
@@ -57,6 +61,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             own = np.flatnonzero(wait[a:a + k] >= th["warn_share"] * dur[a:a + k])
             first = int(step[a + (own[0] if len(own) else 0)])
     sev = "error" if share >= th["error_share"] else "warning"
+    if float(wait.mean()) < th["min_wait_s"] or float(wait.sum()) < th["min_total_s"]:
+        sev = "info"  # a large share of almost nothing
     return [Finding(
         id=ID, severity=sev, subject="dataloader", first_step=first,
         title=f"{100 * share:.0f}% of step time waits for data",

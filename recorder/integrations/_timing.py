@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..loader import timed
+
 
 def time_batches(loader: Any, on_wait: Callable[[float], None]) -> Callable[[], None] | None:
     """Make ``loader`` report each batch's wait to ``on_wait``; returns the undo (or None
@@ -23,19 +25,7 @@ def time_batches(loader: Any, on_wait: Callable[[float], None]) -> Callable[[], 
     base_iter = cls.__iter__
 
     def __iter__(self: Any) -> Iterator[Any]:
-        it = base_iter(self)
-        clock = time.perf_counter
-        while True:
-            t0 = clock()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            try:
-                on_wait(clock() - t0)
-            except Exception:
-                pass
-            yield batch
+        return timed(base_iter(self), on_wait)
 
     return _swap(loader, cls, {"__iter__": __iter__})
 

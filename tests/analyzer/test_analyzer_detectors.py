@@ -234,6 +234,14 @@ def test_dataloader_bottleneck_negative(tmp_path):
     assert found(run, "dataloader_bottleneck") == []
 
 
+def test_dataloader_share_of_submillisecond_steps_is_only_info(tmp_path):
+    # 0.2 ms of a 0.75 ms step (a small model on a CPU): a large share of almost nothing;
+    # the same share of 200 ms steps is a real bottleneck (above).
+    run = make_run(tmp_path, steps=200, duration=0.00075, data_wait=0.0002)
+    (f,) = found(run, "dataloader_bottleneck")
+    assert f["severity"] == "info" and f["evidence"]["data_wait_share"] > 0.25
+
+
 def test_step_time_outliers(tmp_path):
     d = np.full(200, 0.1)
     d[[50, 51, 120]] = 3.0
