@@ -30,7 +30,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - exercised without transformers installed
+    raise ImportError("tracealyze.recorder.integrations.hf needs transformers "
+                      "(pip install transformers accelerate)") from exc
 
 from ._session import Session
 
