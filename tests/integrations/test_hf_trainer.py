@@ -143,3 +143,41 @@ def test_bad_configuration_is_refused_when_the_callback_is_made() -> None:
         TracealyzeCallback(grad_norm_every=-1)
     with pytest.raises(ValueError, match="run_dir"):
         TracealyzeCallback(run_dir=3)  # type: ignore[arg-type]
+
+
+CRASHING = '''
+import sys, torch, transformers
+sys.path.insert(0, {root!r})
+from tests.matrix.models import hf_gpt2, token_batches
+from tracealyze.recorder.integrations.hf import TracealyzeCallback
+
+class Boom(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kw):
+        if state.global_step == 3:
+            raise RuntimeError("boom at step 3")
+
+draw = token_batches(0, 1)
+ds = [{{"input_ids": r, "labels": r}} for r in (draw(i)[0] for i in range(32))]
+args = transformers.TrainingArguments(output_dir=sys.argv[1], max_steps=6,
+    per_device_train_batch_size=4, report_to=[], use_cpu=True, save_strategy="no",
+    disable_tqdm=True)
+transformers.Trainer(model=hf_gpt2(0), args=args, train_dataset=ds,
+                     callbacks=[TracealyzeCallback(system_interval_s=0), Boom()]).train()
+'''
+
+
+def test_an_exception_in_training_leaves_the_run_crashed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from rec_helpers import subprocess_env
+
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", CRASHING.format(root=root),
+                          str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=240, env=subprocess_env())
+    assert out.returncode == 1 and "boom at step 3" in out.stderr
+    run = tmp_path / "out" / "tracealyze"
+    assert run_json(run)["status"] == "crashed"
+    assert sorted(steps_by_number(run)) == [0, 1, 2]
+    assert any("boom at step 3" in (e["message"] or "") for e in events(run, "exception"))
