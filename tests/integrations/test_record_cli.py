@@ -32,9 +32,9 @@ def _record(tmp_path: Path, code: str, *args: str, run: str = "run",
                           capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("spec,model_class", [
-    ("nanogpt", "NanoGPT"), ("gpt2", "GPT2LMHeadModel"), ("bert", "BertForMaskedLM"),
-    ("resnet", "ResNet")])
+# (transformers' own GPT-2 goes through record in the Trainer script below; all four matrix
+# models go through Lightning in test_lightning.py — kept to two here for CI time)
+@pytest.mark.parametrize("spec,model_class", [("nanogpt", "NanoGPT"), ("resnet", "ResNet")])
 def test_plain_loop_is_recorded_with_its_own_values(tmp_path: Path, spec: str,
                                                     model_class: str) -> None:
     out = _record(tmp_path, scripts.PLAIN, str(tmp_path / "ref.json"), "0", spec,
