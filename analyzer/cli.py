@@ -291,3 +291,34 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
                f" (exit code {code})" + ("" if recorded else
                                          ": no optimizer stepped in the command"), err=True)
     sys.exit(code)
+
+
+@main.command()
+@click.argument("base", type=_RUN_DIR)
+@click.argument("new", type=_RUN_DIR)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--fail-on", type=click.Choice(["regression"]), default=None,
+              help="Exit 1 on a significant change in the wrong direction beyond --threshold.")
+@click.option("--threshold", type=float, default=5.0, show_default=True,
+              help="Smallest change, in percent, that counts toward the verdict.")
+@_edge
+def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
+            threshold: float) -> None:
+    """Did NEW train worse than BASE? Step time, throughput, data wait, memory, loss,
+    gradient norms and findings, each judged against the runs' own noise, and a verdict
+    (regressed, improved, unchanged or mixed).
+
+    \b
+    Example:
+      tracealyze compare runs/before runs/after
+      tracealyze compare runs/before runs/after --json --fail-on regression --threshold 10
+    """
+    import json as json_
+
+    from . import compare as cmp
+
+    result = cmp.compare_runs(base, new, threshold=threshold)
+    click.echo(json_.dumps(result, indent=2, allow_nan=False, default=str) if as_json
+               else cmp.render_text(result))
+    if fail_on and cmp.fails(result, fail_on):
+        sys.exit(EXIT_FAIL_ON)

@@ -63,12 +63,12 @@ def analyze(run: Run, overrides: Any = None, *,
     return link(findings)
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """JSON-safe copy: numpy scalars to Python, non-finite floats to 'nan'/'inf' strings."""
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         try:
             value = value.item()
@@ -122,7 +122,7 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
         gpu = None
     if gpu is not None:
         out["gpu_time"] = gpu
-    return _clean(out)
+    return clean_json(out)
 
 
 def worst_severity(summary: Mapping[str, Any]) -> str | None:

@@ -1,0 +1,203 @@
+"""``tracealyze compare BASE NEW``: did a change make training slower, less stable or
+hungrier? Each run is read once (:mod:`.compare_metrics`), its figures lined up with a
+direction and a significance against the runs' own noise (:mod:`.compare_stats`), its
+findings diffed, and one verdict given: regressed | improved | unchanged | mixed.
+
+A metric counts toward the verdict when its change is significant **and** at least
+``threshold`` percent (default 5%): a real but negligible change does not make a verdict.
+A new finding of warning or worse is a regression; one that is gone is an improvement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .catalog import Run, open_run
+from .compare_metrics import Metric, RunData, dynamics_metrics, memory_metrics, time_metrics
+from .compare_stats import TEST
+from .errors import ConfigError
+from .findings import severity_rank
+from .summary import build_summary, clean_json
+
+COMPARE_SCHEMA_VERSION = 1
+DEFAULT_THRESHOLD = 5.0
+
+
+def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
+                 threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """The DESIGN.md compare JSON of two runs (paths are opened and closed here)."""
+    if not isinstance(base, Run):
+        with open_run(base) as b:
+            return compare_runs(b, new, threshold=threshold)
+    if not isinstance(new, Run):
+        with open_run(new) as n:
+            return compare_runs(base, n, threshold=threshold)
+    if threshold < 0 or not math.isfinite(threshold):
+        raise ConfigError(f"--threshold must be a percentage ≥ 0, got {threshold!r}")
+    sb, sn = build_summary(base), build_summary(new)
+    db, dn = RunData.load(base), RunData.load(new)
+    warnings, same_model = comparability(base.meta, new.meta, db, dn)
+    metrics = time_metrics(db, dn) + memory_metrics(db, dn)
+    if same_model:
+        metrics += dynamics_metrics(db, dn)
+    else:
+        warnings.append("training dynamics (loss, gradient norms) not compared: the models "
+                        "differ")
+    if not set(db.step) & set(dn.step):
+        warnings.append("the runs share no step numbers: nothing is compared step by step")
+    fdiff = findings_diff(sb["findings"], sn["findings"])
+    verdict, worse, better = judge(metrics, fdiff, threshold)
+    return clean_json({
+        "schema_version": COMPARE_SCHEMA_VERSION,
+        "base": {"run_id": base.run_id, "steps": sb["run"]["steps"], "path": str(base.run_dir)},
+        "new": {"run_id": new.run_id, "steps": sn["run"]["steps"], "path": str(new.run_dir)},
+        "comparable": same_model,
+        "warnings": warnings,
+        "verdict": verdict,
+        "threshold_pct": threshold,
+        "significance": TEST,
+        "regressions": worse,
+        "improvements": better,
+        "metrics": [m.to_json() for m in metrics],
+        "findings": fdiff,
+    })
+
+
+def comparability(a: Mapping[str, Any], b: Mapping[str, Any], da: RunData, dn: RunData
+                  ) -> tuple[list[str], bool]:
+    """Warnings (each says what differs and what to fix) and whether the models match."""
+    out: list[str] = []
+    ma, mb = a.get("model") or {}, b.get("model") or {}
+    same = True
+    pa, pb = ma.get("parameters"), mb.get("parameters")
+    if pa and pb and pa != pb:
+        out.append(f"different model: {_count(pa)} vs {_count(pb)} parameters")
+        same = False
+    if ma.get("class") and mb.get("class") and ma["class"] != mb["class"]:
+        out.append(f"different model class: {ma['class']} vs {mb['class']}")
+        same = False
+    names_a, names_b = set(da.layers), set(dn.layers)
+    if same and names_a and names_b and names_a != names_b:
+        out.append(f"different parameter names ({len(names_a ^ names_b)} differ): per-layer "
+                   "gradient norms are compared on the shared ones only")
+    for key, what in (("world_size", "world size"), ("preset", "recorder preset")):
+        if a.get(key) is not None and b.get(key) is not None and a[key] != b[key]:
+            out.append(f"different {what}: {a[key]} vs {b[key]} (record both the same way "
+                       "to compare like with like)")
+    dev_a, dev_b = (a.get("device") or {}).get("type"), (b.get("device") or {}).get("type")
+    if dev_a and dev_b and dev_a != dev_b:
+        out.append(f"different device: {dev_a} vs {dev_b}: step times are not comparable")
+    va, vb = a.get("versions") or {}, b.get("versions") or {}
+    for lib in ("torch", "cuda", "python"):
+        if va.get(lib) and vb.get(lib) and va[lib] != vb[lib]:
+            out.append(f"different {lib}: {va[lib]} vs {vb[lib]}")
+    if len(da.step) and len(dn.step) and len(da.step) != len(dn.step):
+        out.append(f"different lengths: {len(da.step)} vs {len(dn.step)} steps; dynamics are "
+                   "compared on the steps both recorded")
+    return out, same
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(int(n))
+
+
+def findings_diff(base: list[dict[str, Any]], new: list[dict[str, Any]]
+                  ) -> dict[str, list[dict[str, Any]]]:
+    """Findings above info that are new, gone (resolved) or more severe, by (id, subject)."""
+    def index(fs: list[dict[str, Any]]) -> dict[tuple[str, Any], dict[str, Any]]:
+        out: dict[tuple[str, Any], dict[str, Any]] = {}
+        for f in fs:
+            if f["severity"] == "info":
+                continue
+            key = (f["id"], f.get("subject"))
+            if key not in out or severity_rank(f["severity"]) > \
+                    severity_rank(out[key]["severity"]):
+                out[key] = f
+        return out
+
+    ib, inew = index(base), index(new)
+    brief = lambda f: {k: f.get(k) for k in ("id", "severity", "subject", "title",  # noqa: E731
+                                              "first_step")}
+    return {
+        "new": [brief(f) for k, f in inew.items() if k not in ib],
+        "resolved": [brief(f) for k, f in ib.items() if k not in inew],
+        "worse": [{**brief(f), "base_severity": ib[k]["severity"]} for k, f in inew.items()
+                  if k in ib and severity_rank(f["severity"]) > severity_rank(ib[k]["severity"])],
+    }
+
+
+def judge(metrics: list[Metric], fdiff: Mapping[str, list[Any]], threshold: float
+          ) -> tuple[str, list[str], list[str]]:
+    def big(m: Metric) -> bool:
+        if m.change_pct is None:  # from zero (a count that appeared): as large as can be
+            return m.base == 0 and m.new not in (None, 0)
+        return abs(m.change_pct) >= threshold
+    worse = [m.name for m in metrics if m.worse and big(m)]
+    worse += [f"finding:{f['id']}" for f in fdiff["new"]]
+    worse += [f"finding:{f['id']}" for f in fdiff["worse"]]
+    better = [m.name for m in metrics if m.better_now and big(m)]
+    better += [f"finding:{f['id']}" for f in fdiff["resolved"]]
+    verdict = ("mixed" if worse and better else "regressed" if worse
+               else "improved" if better else "unchanged")
+    return verdict, worse, better
+
+
+def fails(result: Mapping[str, Any], fail_on: str) -> bool:
+    """``--fail-on regression``: some significant change in the wrong direction beyond the
+    threshold (a regressed or mixed verdict)."""
+    return fail_on == "regression" and bool(result["regressions"])
+
+
+def render_text(result: Mapping[str, Any]) -> str:
+    b, n = result["base"], result["new"]
+    lines = [f"compare  base {b['run_id']} ({b['steps']} steps)  →  new {n['run_id']} "
+             f"({n['steps']} steps)",
+             f"verdict: {result['verdict'].upper()}"
+             + (f"  (worse: {', '.join(result['regressions'])})" if result["regressions"]
+                else "")
+             + (f"  (better: {', '.join(result['improvements'])})" if result["improvements"]
+                else "")]
+    for w in result["warnings"]:
+        lines.append(f"  ! {w}")
+    lines.append("")
+    lines.append(f"{'metric':36} {'base':>14} {'new':>14} {'change':>9}  ")
+    for m in result["metrics"]:
+        mark = ""
+        if m["significant"]:
+            worse = (m["new"] > m["base"]) if m["better"] == "lower" else (m["new"] < m["base"])
+            mark = "worse" if worse else "better"
+        if m["change_pct"] is not None:
+            change = f"{m['change_pct']:+.1f}%"
+        else:
+            change = "" if m["base"] is None or m["new"] is None or m["base"] == m["new"] \
+                else "from 0"
+        lines.append(f"{m['name']:36} {_fmt(m['base']):>14} {_fmt(m['new']):>14} "
+                     f"{change:>9}  {mark}")
+    f = result["findings"]
+    for key, label in (("new", "new finding"), ("worse", "worse finding"),
+                       ("resolved", "resolved finding")):
+        for x in f[key]:
+            lines.append(f"{label}: {x['severity']} {x['id']} ({x.get('subject')}): "
+                         f"{x.get('title')}")
+    lines.append("")
+    lines.append(f"significant = {result['significance']}; a verdict needs ≥ "
+                 f"{result['threshold_pct']:g}% change")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if abs(v) >= 1e6:
+        return f"{v:.4g}"
+    if v != 0 and abs(v) < 1e-3:
+        return f"{v:.3e}"
+    return f"{v:.4g}"
