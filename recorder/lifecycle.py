@@ -196,8 +196,12 @@ class StepLifecycle:
 
     def _before_update(self) -> None:
         self._gradients_ready()
-        if self.config.update_ratio_every:
-            self._reader.snapshot_params(self._hook_target().step)
+        target = self._hook_target()
+        # Once a step: a framework may call gradients_ready() again after the update (the
+        # transformers callback does), when a copy would be of the updated weights.
+        if self.config.update_ratio_every and not target.snapshotted:
+            target.snapshotted = True
+            self._reader.snapshot_params(target.step)
 
     def _after_update(self) -> None:
         if self._reader.snapshot is not None:

@@ -48,3 +48,36 @@ def test_gradients_ready_is_idempotent_within_a_step(run_dir: Path) -> None:
         rec.step_ended(1.0)
     norms = [r for r in rows(run_dir, "tensor_stats") if r["kind"] == "grad"]
     assert len(norms) == len(list(model.parameters()))  # read once, not twice
+
+
+def test_gradients_ready_after_the_update_keeps_the_update_ratios(tmp_path) -> None:
+    """A framework that calls gradients_ready() once more after the optimizer stepped (the
+    transformers callback does, for steps the fp16 scaler skipped) must not re-copy the
+    already-updated weights: the update is still new − old of this step, and only the
+    steps at the cadence have one (a stray copy would add one at the next step)."""
+    import torch
+    from rec_helpers import FAST, batches, loss_fn, rows, tiny_model
+    from tracealyze.recorder import Recorder
+
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    truth = []
+    with Recorder(tmp_path / "run", model=model, optimizer=opt, update_ratio_every=2,
+                  **FAST) as rec:
+        for x, y in batches(4):
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.zero_grad()
+            loss_fn(model, x, y).backward()
+            opt.step()
+            rec.gradients_ready()  # late, as after opt.step()
+            truth.append({n: float((p.detach() - b).norm()) for (n, p), b in
+                          zip(model.named_parameters(), before, strict=True)})
+            rec.step()
+    got = {}
+    for r in rows(tmp_path / "run", "tensor_stats"):
+        if r["kind"] == "update":
+            got.setdefault(r["step"], {})[r["name"]] = r["norm"]
+    assert sorted(got) == [0, 2]
+    for step in got:
+        for name, v in truth[step].items():
+            assert abs(got[step][name] - v) <= 1e-5 * max(1.0, v), (step, name)
