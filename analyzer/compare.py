@@ -20,6 +20,7 @@ from .compare_metrics import Metric, RunData, dynamics_metrics, memory_metrics, 
 from .compare_stats import TEST
 from .errors import ConfigError
 from .findings import severity_rank
+from .report_text import human_count
 from .summary import build_summary, clean_json
 
 COMPARE_SCHEMA_VERSION = 1
@@ -74,7 +75,7 @@ def comparability(a: Mapping[str, Any], b: Mapping[str, Any], da: RunData, dn: R
     same = True
     pa, pb = ma.get("parameters"), mb.get("parameters")
     if pa and pb and pa != pb:
-        out.append(f"different model: {_count(pa)} vs {_count(pb)} parameters")
+        out.append(f"different model: {human_count(pa)} vs {human_count(pb)} parameters")
         same = False
     if ma.get("class") and mb.get("class") and ma["class"] != mb["class"]:
         out.append(f"different model class: {ma['class']} vs {mb['class']}")
@@ -100,13 +101,6 @@ def comparability(a: Mapping[str, Any], b: Mapping[str, Any], da: RunData, dn: R
     return out, same
 
 
-def _count(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return str(int(n))
-
-
 def findings_diff(base: list[dict[str, Any]], new: list[dict[str, Any]]
                   ) -> dict[str, list[dict[str, Any]]]:
     """Findings above info that are new, gone (resolved) or more severe, by (id, subject)."""
@@ -121,9 +115,10 @@ def findings_diff(base: list[dict[str, Any]], new: list[dict[str, Any]]
                 out[key] = f
         return out
 
+    def brief(f: dict[str, Any]) -> dict[str, Any]:
+        return {k: f.get(k) for k in ("id", "severity", "subject", "title", "first_step")}
+
     ib, inew = index(base), index(new)
-    brief = lambda f: {k: f.get(k) for k in ("id", "severity", "subject", "title",  # noqa: E731
-                                              "first_step")}
     return {
         "new": [brief(f) for k, f in inew.items() if k not in ib],
         "resolved": [brief(f) for k, f in ib.items() if k not in inew],

@@ -182,14 +182,12 @@ def memory_metrics(a: RunData, b: RunData) -> list[Metric]:
         sig = abs(new - base) >= max(0.02 * base, 16 * MIB)
         out.append(Metric(name, base, new, "lower", sig,
                           test="|Δ| ≥ max(2%, 16 MiB)"))
-    for name, (sa, xa), (sb, xb) in (("memory_growth_rss_bytes_per_step",
-                                      (a.mem_step, a.rss), (b.mem_step, b.rss)),):
-        ka, kb = np.isfinite(xa), np.isfinite(xb)
-        if ka.sum() < 10 or kb.sum() < 10:
-            continue
-        (sl_a, _), (sl_b, _) = theil_sen(sa[ka], xa[ka]), theil_sen(sb[kb], xb[kb])
-        span = max(float(sa[ka].max() - sa[ka].min()), float(sb[kb].max() - sb[kb].min()), 1)
-        sig = abs(sl_b - sl_a) * span >= 64 * MIB
-        out.append(Metric(name, float(sl_a), float(sl_b), "lower", sig,
+    ka, kb = np.isfinite(a.rss), np.isfinite(b.rss)
+    if ka.sum() >= 10 and kb.sum() >= 10:
+        sa, sb = a.mem_step[ka], b.mem_step[kb]
+        (sl_a, _), (sl_b, _) = theil_sen(sa, a.rss[ka]), theil_sen(sb, b.rss[kb])
+        span = max(float(sa.max() - sa.min()), float(sb.max() - sb.min()), 1.0)
+        out.append(Metric("memory_growth_rss_bytes_per_step", float(sl_a), float(sl_b),
+                          "lower", abs(sl_b - sl_a) * span >= 64 * MIB,
                           test="|Δ slope| × steps ≥ 64 MiB (Theil-Sen)"))
     return out

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from tracealyze.format.parts import data_parts, rank_dir, remove_stale_tmp
 
+from .gradients import is_dtensor
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .schema import SCHEMA_VERSION
 
@@ -128,7 +129,7 @@ def model_summary(model: nn.Module | None) -> dict[str, Any] | None:
         "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in params}),
         "devices": sorted({str(p.device) for p in params}),
         # FSDP2: each rank records its shards; the analyzer combines them (FORMAT.md)
-        "sharded": any(type(p).__name__ == "DTensor" for p in params),
+        "sharded": any(is_dtensor(p) for p in params),
     }
 
 
