@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import Run, open_run
+from .compare_kernels import TraceData, gpu_metrics, kernel_diff, step_change_us
 from .compare_metrics import Metric, RunData, dynamics_metrics, memory_metrics, time_metrics
 from .compare_stats import TEST
 from .errors import ConfigError
@@ -47,8 +48,9 @@ def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
     else:
         warnings.append("training dynamics (loss, gradient norms) not compared: the models "
                         "differ")
-    if not set(db.step) & set(dn.step):
+    if len(db.step) and len(dn.step) and not set(db.step) & set(dn.step):
         warnings.append("the runs share no step numbers: nothing is compared step by step")
+    gpu, kernels = gpu_side(base, new, metrics, warnings, threshold)
     fdiff = findings_diff(sb["findings"], sn["findings"])
     verdict, worse, better = judge(metrics, fdiff, threshold)
     return clean_json({
@@ -64,7 +66,31 @@ def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
         "improvements": better,
         "metrics": [m.to_json() for m in metrics],
         "findings": fdiff,
+        "gpu_time": gpu,
+        "kernels": kernels,
     })
+
+
+def gpu_side(base: Run, new: Run, metrics: list[Metric], warnings: list[str],
+             threshold: float) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """GPU metrics (appended to ``metrics``), the breakdowns side by side and the kernel
+    diff, when both runs have GPU traces measured the same way; else a warning saying why."""
+    ta, tn = TraceData.load(base.con), TraceData.load(new.con)
+    if ta is None and tn is None:
+        return None, None
+    if ta is None or tn is None:
+        which = "base" if ta is not None else "new"
+        warnings.append(f"only the {which} run has GPU profiler traces: GPU time and kernels "
+                        "are not compared (profile both, e.g. the same profile_schedule)")
+        return None, None
+    if ta.unit != tn.unit:
+        warnings.append("one run's traces have ProfilerStep spans and the other's do not: "
+                        "GPU time and kernels are not compared (profile both the same way)")
+        return None, None
+    metrics += gpu_metrics(ta, tn)
+    step = next((m for m in metrics if m.name == "step_time_median_s"), None)
+    kernels = kernel_diff(ta, tn, threshold, step_change_us(ta, tn, step))
+    return {"unit": kernels["unit"], "base": ta.breakdown, "new": tn.breakdown}, kernels
 
 
 def comparability(a: Mapping[str, Any], b: Mapping[str, Any], da: RunData, dn: RunData
@@ -174,6 +200,7 @@ def render_text(result: Mapping[str, Any]) -> str:
                 else "from 0"
         lines.append(f"{m['name']:36} {_fmt(m['base']):>14} {_fmt(m['new']):>14} "
                      f"{change:>9}  {mark}")
+    lines += _kernel_lines(result)
     f = result["findings"]
     for key, label in (("new", "new finding"), ("worse", "worse finding"),
                        ("resolved", "resolved finding")):
@@ -184,6 +211,36 @@ def render_text(result: Mapping[str, Any]) -> str:
     lines.append(f"significant = {result['significance']}; a verdict needs ≥ "
                  f"{result['threshold_pct']:g}% change")
     return "\n".join(lines)
+
+
+TEXT_ROWS = 12
+
+
+def _kernel_lines(result: Mapping[str, Any]) -> list[str]:
+    """The GPU breakdown side by side and the largest kernel/op/runtime changes."""
+    gpu, k = result.get("gpu_time"), result.get("kernels")
+    if not gpu or not k:
+        return []
+    unit = k["unit"]
+    out = ["", f"{'GPU time per ' + unit + ' (µs)':36} {'base':>14} {'new':>14}"]
+    for key in ("total_us", "idle_us", "compute_us", "non_compute_us"):
+        out.append(f"  {key[:-3]:34} {gpu['base'][key]:>14,.0f} {gpu['new'][key]:>14,.0f}")
+    if not k["rows"]:
+        out.append("kernels, ops and runtime calls: no change beyond the threshold")
+        return out
+    out.append(f"kernels, ops and runtime calls per {unit}, largest time change first "
+               f"(of {sum(k['counts'].values())} changed):")
+    for r in k["rows"][:TEXT_ROWS]:
+        share = r.get("share_of_step_change_pct")
+        out.append(f"  {r['status']:11} {r['kind']:7} {_cut(r['name']):56} "
+                   f"{r['base_count_per_step']:g} → {r['new_count_per_step']:g} calls  "
+                   f"{r['delta_us_per_step']:+,.0f} µs"
+                   + (f"  ({share:g}% of the step-time change)" if share is not None else ""))
+    return out
+
+
+def _cut(name: str, limit: int = 56) -> str:
+    return name if len(name) <= limit else name[:limit - 1] + "…"
 
 
 def _fmt(v: Any) -> str:
