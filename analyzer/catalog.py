@@ -27,6 +27,8 @@ from tracealyze.format.runmeta import Liveness, MetaError, load_json
 
 from . import shards
 from .errors import QueryError, RunDirError, SchemaVersionError
+from .errors import one_line as _one_line
+from .raw_traces import load_raw_traces
 from .schema import DUCKDB_TYPES, SCHEMA_VERSION, TABLE_NAMES, TABLES
 
 # Statements a user's `query` may run: reads only (a COPY ... TO could write into the run).
@@ -132,28 +134,7 @@ class Run:
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run one read-only SQL statement; ``(column names, rows)``. QueryError on failure."""
-        import duckdb
-
-        try:
-            statements = self.con.extract_statements(sql)
-        except duckdb.Error as e:
-            raise QueryError(_one_line(e)) from e
-        if len(statements) != 1:
-            raise QueryError(f"expected one SQL statement, got {len(statements)}")
-        kind = str(statements[0].type).rsplit(".", 1)[-1]
-        if kind not in _READ_STATEMENTS:
-            raise QueryError(f"only read statements (SELECT, DESCRIBE, ...) are allowed, "
-                             f"not {kind}: the analyzer never writes")
-        try:
-            rel = self.con.execute(sql)
-            rows = rel.fetchall()
-            cols = [d[0] for d in rel.description] if rel.description else []
-        except duckdb.Error as e:
-            msg = _one_line(e)
-            if "does not exist" in msg and ("Table" in msg or "table" in msg):
-                msg += f" (tables: {', '.join(TABLE_NAMES)})"
-            raise QueryError(msg) from e
-        return cols, rows
+        return read_query(self.con, sql)
 
     def table_ranks(self, table: str) -> list[int]:
         """Ranks that have readable parts of ``table`` (from the file layout: no scan)."""
@@ -179,11 +160,31 @@ class Run:
         return f"Run({str(self.run_dir)!r}, status={self.status!r}, ranks={self.ranks})"
 
 
-def _one_line(e: BaseException) -> str:
-    """DuckDB messages span lines (LINE 1: ... ^); keep the informative first line."""
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else type(e).__name__
-    return first.strip()
+def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one read-only SQL statement over ``con``: ``(column names, rows)``; QueryError
+    on failure or on anything but a read."""
+    import duckdb
+
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(_one_line(e)) from e
+    if len(statements) != 1:
+        raise QueryError(f"expected one SQL statement, got {len(statements)}")
+    kind = str(statements[0].type).rsplit(".", 1)[-1]
+    if kind not in _READ_STATEMENTS:
+        raise QueryError(f"only read statements (SELECT, DESCRIBE, ...) are allowed, "
+                         f"not {kind}: the analyzer never writes")
+    try:
+        rel = con.execute(sql)
+        rows = rel.fetchall()
+        cols = [d[0] for d in rel.description] if rel.description else []
+    except duckdb.Error as e:
+        msg = _one_line(e)
+        if "does not exist" in msg and ("Table" in msg or "table" in msg):
+            msg += f" (tables: {', '.join(TABLE_NAMES)})"
+        raise QueryError(msg) from e
+    return cols, rows
 
 
 # ---------------------------------------------------------------------- discovery
@@ -256,54 +257,25 @@ def _view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
         for r, files in sorted(by_rank.items()))
 
 
-def _load_raw_traces(run: Run) -> Any:
-    """pyarrow.Table of trace events from raw traces under traces/ with no parquet rows.
-
-    Reading is done by ``tracealyze.analyzer.traces.read_trace`` (imported lazily). A trace
-    that cannot be read is named in ``skipped_parts`` and left out.
-    """
-    if not run.raw_traces:
-        return None
-    import pyarrow as pa
-
-    from .schema import arrow_schema
-    from .traces import read_trace, trace_id_for
-
-    have = {r[0] for r in run.con.execute(
-        "SELECT DISTINCT trace_id FROM trace_events WHERE trace_id IS NOT NULL").fetchall()}
-    target = arrow_schema("trace_events")
-    tables = []
-    for rank, path in run.raw_traces:
-        try:
-            if trace_id_for(path) in have:
-                continue
-            t = read_trace(path, rank=rank)
-        except Exception as e:  # a bad trace must not stop the analysis of everything else
-            run.skipped_parts.append((path, f"unreadable trace ({type(e).__name__}: "
-                                            f"{_one_line(e)[:160]})"))
-            continue
-        if t.num_rows and "trace_id" in t.column_names:
-            ids = set(t.column("trace_id").unique().to_pylist())
-            if ids & have:
-                continue
-        cols = []
-        for field in target:
-            if field.name in t.column_names:
-                cols.append(t.column(field.name).cast(field.type))
-            else:
-                cols.append(pa.nulls(t.num_rows, field.type))
-        tables.append(pa.Table.from_arrays(cols, schema=target))
-    return pa.concat_tables(tables) if tables else None
-
-
 def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
     """Open ``path`` read-only and build the views. Raises RunDirError / SchemaVersionError.
 
     ``allow_empty``: accept a run with no readable data part at all (by default it is an
     error: there is nothing to analyse).
     """
-    import duckdb
+    run, valid = scan_run(path, allow_empty=allow_empty)
+    run.con = new_connection()
+    try:
+        build_views(run.con, run, valid)
+    except RunDirError:
+        run.close()
+        raise
+    return run
 
+
+def scan_run(path: str | Path, *, allow_empty: bool = False
+             ) -> tuple[Run, dict[str, list[tuple[Path, Any]]]]:
+    """Read ``path``'s metadata and list its readable parts (no connection yet)."""
     run_dir = Path(path)
     if not run_dir.exists():
         raise RunDirError(f"no such directory: {run_dir}")
@@ -364,34 +336,50 @@ def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
         detail = f"; {len(run.skipped_parts)} unreadable part(s)" if run.skipped_parts else ""
         raise RunDirError(f"run has no recorded data (no readable part-*.parquet){detail}: "
                           f"{run_dir}")
+    return run, valid
+
+
+def new_connection() -> Any:
+    """An in-memory DuckDB connection set up for reading runs."""
+    import duckdb
 
     con = duckdb.connect(":memory:")
-    run.con = con
+    # Spill files (rare) go to the temp dir, never next to the run we only read.
+    con.execute(f"SET temp_directory = {_sql_str(tempfile.gettempdir())}")
+    con.execute("SET enable_progress_bar = false")
+    # Parquet min/max statistics exclude NaN (as the spec says), but DuckDB prunes with
+    # them: `WHERE isnan(loss)`, `loss > 1e300` or `NOT (x < 10)` silently drop the NaN
+    # rows of pyarrow-written files (duckdb/duckdb#25521, open). NaN is exactly what this
+    # tool looks for, so we trade row-group pruning for correct answers.
+    con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
+    return con
+
+
+def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
+                schema: str | None = None) -> None:
+    """One view per table of ``run`` in ``con`` (in ``schema`` when given: several runs
+    share one connection for a multi-run query). RunDirError when DuckDB refuses them."""
+    import duckdb
+
+    q = f"{schema}." if schema else ""
     try:
-        # Spill files (rare) go to the temp dir, never next to the run we only read.
-        con.execute(f"SET temp_directory = {_sql_str(tempfile.gettempdir())}")
-        con.execute("SET enable_progress_bar = false")
-        # Parquet min/max statistics exclude NaN (as the spec says), but DuckDB prunes with
-        # them: `WHERE isnan(loss)`, `loss > 1e300` or `NOT (x < 10)` silently drop the NaN
-        # rows of pyarrow-written files (duckdb/duckdb#25521, open). NaN is exactly what this
-        # tool looks for, so we trade row-group pruning for correct answers.
-        con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
+        if schema:
+            con.execute(f"CREATE SCHEMA {schema}")
         for table in TABLE_NAMES:
             if table == "trace_events":
                 continue
-            con.execute(f"CREATE VIEW {table} AS {_view_sql(table, valid[table])}")
-        if shards.is_sharded(meta):
-            shards.combine(con)
+            con.execute(f"CREATE VIEW {q}{table} AS {_view_sql(table, valid[table])}")
+        if shards.is_sharded(run.meta):
+            shards.combine(con, q)
         tsql = _view_sql("trace_events", valid["trace_events"])
-        con.execute(f"CREATE VIEW trace_events AS {tsql}")
-        raw = _load_raw_traces(run)
+        con.execute(f"CREATE VIEW {q}trace_events AS {tsql}")
+        raw = load_raw_traces(run, con, q)
         if raw is not None and raw.num_rows:
-            con.register("_raw_trace_events", raw)
+            name = f"_raw_trace_events{'_' + schema if schema else ''}"
+            con.register(name, raw)
             cols = ", ".join(f'"{c}"' for c, _ in TABLES["trace_events"])
-            con.execute(f"CREATE OR REPLACE VIEW trace_events AS "
+            con.execute(f"CREATE OR REPLACE VIEW {q}trace_events AS "
                         f"SELECT {cols} FROM ({tsql}) UNION ALL "
-                        f"SELECT {cols} FROM _raw_trace_events")
+                        f"SELECT {cols} FROM {name}")
     except duckdb.Error as e:
-        run.close()
         raise RunDirError(f"cannot open the run's tables: {_one_line(e)}") from e
-    return run

@@ -128,26 +128,32 @@ def _json_value(v: Any) -> Any:
 
 
 @main.command()
-@click.argument("run_dir", type=_RUN_DIR)
+@click.argument("run_dirs", nargs=-1, required=True, type=_RUN_DIR)
 @click.argument("sql")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format.")
 @_edge
-def query(run_dir: Path, sql: str, fmt: str) -> None:
+def query(run_dirs: tuple[Path, ...], sql: str, fmt: str) -> None:
     """Run one read-only SQL statement (DuckDB dialect) over the run's tables.
 
     Every table (steps, tensor_stats, metrics, events, memory, system, trace_events) is a view
-    of that name over all ranks and parts.
+    of that name over all ranks and parts. Given several runs, every view covers all of them
+    and gains a leading run_id column.
 
     \b
     Example:
       tracealyze query runs/exp1 "SELECT name, max(norm) FROM tensor_stats
           WHERE kind = 'grad' GROUP BY name ORDER BY 2 DESC LIMIT 10" --format csv
+      tracealyze query runs/lr-* "SELECT run_id, median(duration_s), min(loss)
+          FROM steps GROUP BY run_id ORDER BY 3"
     """
-    from .catalog import open_run
+    if len(run_dirs) == 1:
+        from .catalog import open_run as opener
+    else:
+        from .multirun import open_runs as opener  # type: ignore[assignment]
 
-    with open_run(run_dir) as run:
-        cols, rows = run.query(sql)
+    with opener(run_dirs[0] if len(run_dirs) == 1 else run_dirs) as runs:
+        cols, rows = runs.query(sql)
     if fmt == "csv":
         import csv
 
@@ -253,9 +259,6 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path) -> None:
         click.echo(f"imported {info.get('path', '')} " + " ".join(parts))
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
@@ -322,3 +325,7 @@ def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
                else cmp.render_text(result))
     if fail_on and cmp.fails(result, fail_on):
         sys.exit(EXIT_FAIL_ON)
+
+
+if __name__ == "__main__":  # pragma: no cover (after every command is registered)
+    main()

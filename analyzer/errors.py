@@ -33,3 +33,10 @@ class TraceError(TracealyzeError):
 
 class ReportError(TracealyzeError):
     """The HTML report could not be produced."""
+
+
+def one_line(e: BaseException) -> str:
+    """DuckDB messages span lines (LINE 1: ... ^); keep the informative first line."""
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    return first.strip()

@@ -25,19 +25,20 @@ def is_sharded(meta: dict[str, Any]) -> bool:
     return bool((meta.get("model") or {}).get("sharded"))
 
 
-def combine(con: Any) -> None:
-    """Replace the ``steps`` and ``tensor_stats`` views by their combined forms."""
-    con.execute("ALTER VIEW steps RENAME TO steps_shards")
-    con.execute("ALTER VIEW tensor_stats RENAME TO tensor_stats_shards")
-    con.execute("""
-        CREATE VIEW steps AS
+def combine(con: Any, q: str = "") -> None:
+    """Replace the ``steps`` and ``tensor_stats`` views (of schema ``q``, e.g. ``"r0."``)
+    by their combined forms."""
+    con.execute(f"ALTER VIEW {q}steps RENAME TO steps_shards")
+    con.execute(f"ALTER VIEW {q}tensor_stats RENAME TO tensor_stats_shards")
+    con.execute(f"""
+        CREATE VIEW {q}steps AS
         SELECT s.* REPLACE (c.grad_norm AS grad_norm, c.nonfinite_grads AS nonfinite_grads)
-        FROM steps_shards s LEFT JOIN (
+        FROM {q}steps_shards s LEFT JOIN (
             SELECT step,
                    CASE WHEN count(grad_norm) = count(*)
                         THEN sqrt(sum(grad_norm * grad_norm)) END AS grad_norm,
                    CAST(sum(nonfinite_grads) AS INTEGER) AS nonfinite_grads
-            FROM steps_shards GROUP BY step) c ON s.step = c.step""")
+            FROM {q}steps_shards GROUP BY step) c ON s.step = c.step""")
     combined = {
         "rank": "min(rank)", "step": "step", "name": "name", "kind": "kind",
         "numel": "sum(numel)",
@@ -54,8 +55,8 @@ def combine(con: Any) -> None:
     agg = ", ".join(f"{combined[c]} AS {c}" for c in cols)
     plain = ", ".join(cols)
     con.execute(f"""
-        CREATE VIEW tensor_stats AS
-        SELECT {agg} FROM tensor_stats_shards WHERE kind IN ('grad', 'param')
+        CREATE VIEW {q}tensor_stats AS
+        SELECT {agg} FROM {q}tensor_stats_shards WHERE kind IN ('grad', 'param')
         GROUP BY step, name, kind
         UNION ALL
-        SELECT {plain} FROM tensor_stats_shards WHERE kind NOT IN ('grad', 'param')""")
+        SELECT {plain} FROM {q}tensor_stats_shards WHERE kind NOT IN ('grad', 'param')""")

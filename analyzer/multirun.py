@@ -1,0 +1,94 @@
+"""Several runs in one query: ``tracealyze query RUN_A RUN_B ... "SQL"``.
+
+Each run's views are built in a schema of one DuckDB connection (``run0``, ``run1``, ...,
+exactly as :func:`~.catalog.open_run` builds them for one run: sharded runs combined, raw
+traces included), then every view name becomes one view over all of them with a leading
+``run_id`` column (``UNION ALL BY NAME``: a column one run lacks is NULL for it). A sweep or
+the nodes of a fleet line up in SQL::
+
+    SELECT run_id, median(duration_s) FROM steps GROUP BY run_id ORDER BY 2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .catalog import Run, build_views, new_connection, read_query, scan_run
+from .errors import RunDirError
+
+
+class RunSet:
+    """Runs opened together; ``.query(sql)`` sees every view with a ``run_id`` column.
+    Close with ``.close()`` or ``with``."""
+
+    def __init__(self, runs: list[Run], run_ids: list[str], con: Any) -> None:
+        self.runs, self.run_ids, self.con = runs, run_ids, con
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one read-only SQL statement; ``(column names, rows)``. QueryError on failure."""
+        return read_query(self.con, sql)
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
+
+    def __enter__(self) -> RunSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _ids(runs: list[Run]) -> list[str]:
+    """Each run's run_id; where two runs share one (a copied run directory), the folder name
+    is added so that rows stay apart."""
+    ids = [r.run_id or r.run_dir.name for r in runs]
+    out = []
+    for r, i in zip(runs, ids, strict=True):
+        out.append(i if ids.count(i) == 1 else f"{i}@{r.run_dir.name}")
+    for n, i in enumerate(out):  # still equal (same folder names in different places)
+        if out.count(i) > 1:
+            out[n] = f"{i}#{n}"
+    return out
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def open_runs(paths: Sequence[str | Path]) -> RunSet:
+    """Open ``paths`` (two or more run directories) into one connection. RunDirError names
+    the run that cannot be opened."""
+    if not paths:
+        raise RunDirError("no run directory given")
+    seen: dict[Path, str] = {}
+    for p in paths:
+        real = Path(p).resolve()
+        if real in seen:
+            raise RunDirError(f"the same run is given twice: {seen[real]} and {p}")
+        seen[real] = str(p)
+    con = new_connection()
+    runs: list[Run] = []
+    try:
+        for i, p in enumerate(paths):
+            run, valid = scan_run(p)
+            build_views(con, run, valid, schema=f"run{i}")
+            runs.append(run)
+        ids = _ids(runs)
+        views: dict[str, list[int]] = {}
+        for schema, name in con.execute(
+                "SELECT schema_name, view_name FROM duckdb_views() WHERE NOT internal "
+                "AND schema_name LIKE 'run%' ORDER BY view_name").fetchall():
+            views.setdefault(name, []).append(int(schema[3:]))
+        for name, members in views.items():
+            union = " UNION ALL BY NAME ".join(
+                f"SELECT {_lit(ids[i])} AS run_id, * FROM run{i}.{name}"
+                for i in sorted(members))
+            con.execute(f"CREATE VIEW main.{name} AS {union}")
+    except BaseException:
+        con.close()
+        raise
+    return RunSet(runs, ids, con)
