@@ -304,23 +304,33 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
               help="Exit 1 on a significant change in the wrong direction beyond --threshold.")
 @click.option("--threshold", type=float, default=5.0, show_default=True,
               help="Smallest change, in percent, that counts toward the verdict.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Also write the comparison as one HTML page (curves, distributions, "
+                   "kernel diff).")
 @_edge
 def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
-            threshold: float) -> None:
+            threshold: float, out: Path | None) -> None:
     """Did NEW train worse than BASE? Step time, throughput, data wait, memory, loss,
-    gradient norms and findings, each judged against the runs' own noise, and a verdict
-    (regressed, improved, unchanged or mixed).
+    gradient norms, GPU time and kernels (when both have profiler traces) and findings,
+    each judged against the runs' own noise, and a verdict (regressed, improved,
+    unchanged or mixed).
 
     \b
     Example:
-      tracealyze compare runs/before runs/after
+      tracealyze compare runs/before runs/after -o compare.html
       tracealyze compare runs/before runs/after --json --fail-on regression --threshold 10
     """
     import json as json_
 
     from . import compare as cmp
 
-    result = cmp.compare_runs(base, new, threshold=threshold)
+    if out is not None:
+        from .compare_report import write_compare_report
+
+        path, result = write_compare_report(base, new, out, threshold=threshold)
+        click.echo(f"wrote {path}", err=True)
+    else:
+        result = cmp.compare_runs(base, new, threshold=threshold)
     click.echo(json_.dumps(result, indent=2, allow_nan=False, default=str) if as_json
                else cmp.render_text(result))
     if fail_on and cmp.fails(result, fail_on):

@@ -207,8 +207,9 @@ def _environment() -> Any:
     )
 
 
-def render(model: dict[str, Any]) -> str:
-    """The report page for ``model`` (from :func:`collect`)."""
+def render(model: dict[str, Any], template_name: str = "report.html.j2") -> str:
+    """The page ``template_name`` for ``model`` (from :func:`collect`, or the compare
+    page's): the charts' JSON, plotly.js, the CSS and the page script inlined."""
     from markupsafe import Markup
 
     data = script_json({"charts": [c.to_json() for c in model["charts"]]})
@@ -222,7 +223,7 @@ def render(model: dict[str, Any]) -> str:
         raise ReportError(f"{PLOTLY_FILE} cannot be inlined safely")
     version = _read_asset(PLOTLY_VERSION_FILE).split("\n", 1)[0].strip()
     app_js = _read_asset("report.js")
-    template = _environment().get_template("report.html.j2")
+    template = _environment().get_template(template_name)
     return template.render(
         **model,
         severities=SEVERITIES,
@@ -276,11 +277,11 @@ def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Pa
         run.close()
     html = render(model)
     bar.step("rendered")
-    _write_atomic(out, html)
+    write_atomic(out, html)
     return out
 
 
-def _write_atomic(out: Path, text: str) -> None:
+def write_atomic(out: Path, text: str) -> None:
     """Write via a temporary file and rename, so no half-written report is ever left."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:

@@ -13,6 +13,7 @@ from tracealyze.analyzer.cli import main
 from tracealyze.analyzer.multirun import open_runs
 
 from tests.runfactory import make_run
+from tests.traces.trace_helpers import SAMPLED
 
 
 def q(*args: object) -> object:
@@ -45,15 +46,13 @@ def test_a_sweep_lines_up_in_sql(tmp_path: Path) -> None:
 
 
 def test_sharded_and_trace_runs_keep_their_views(tmp_path: Path) -> None:
-    from trace_helpers_shim import sampled_trace
-
     sharded = make_run(tmp_path, name="fsdp", steps=20, ranks=2, tensors=1,
                        grad_norm={0: 3.0, 1: 4.0}, run_meta={"model": {"sharded": True}})
     plain = make_run(tmp_path, name="plain", steps=20, grad_norm=5.0)
     from tracealyze.analyzer.trace_import import import_traces
 
     traced = tmp_path / "traced"
-    import_traces([sampled_trace()], traced)
+    import_traces([SAMPLED], traced)
     with open_runs([sharded, plain, traced]) as rs:
         _, rows = rs.query("SELECT run_id, median(grad_norm) FROM steps GROUP BY ALL "
                            "ORDER BY 2")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,3 +49,38 @@ def X(cat: str, name: str, ts: float, dur: float, pid: int = 1, tid: int = 1, **
         ev["args"] = {k.replace("_", " ") if k == "External_id" else k: v
                       for k, v in args.items()}
     return ev
+
+
+ITEMS_PER_STEP = 3
+
+
+def with_items(src: Path, dst: Path, per_step: int = ITEMS_PER_STEP) -> Path:
+    """``src`` plus ``per_step`` loss.item() calls at the end of every ProfilerStep: the op,
+    its _local_scalar_dense, the D2H copy (runtime call + GPU memcpy, same correlation) and
+    the stream synchronize that blocks the host, as torch 2.x records them."""
+    with gzip.open(src) as f:
+        d = json.loads(f.read())
+    events = d["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    corr = 9_000_000
+    for s in steps:
+        pid, tid = s["pid"], s["tid"]
+        for i in range(per_step):
+            t = s["ts"] + s["dur"] - 2000.0 * (i + 1)
+            corr += 1
+            events += [
+                {"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": pid, "tid": tid,
+                 "ts": t, "dur": 1500.0, "args": {"External id": corr}},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::_local_scalar_dense", "pid": pid,
+                 "tid": tid, "ts": t + 1, "dur": 1490.0, "args": {"External id": corr}},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": pid,
+                 "tid": tid, "ts": t + 5, "dur": 20.0, "args": {"correlation": corr}},
+                {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)",
+                 "pid": 0, "tid": 23, "ts": t + 1400, "dur": 3.0,
+                 "args": {"device": 0, "stream": 23, "correlation": corr, "bytes": 4}},
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize",
+                 "pid": pid, "tid": tid, "ts": t + 30, "dur": 1450.0,
+                 "args": {"correlation": corr + 500_000}},
+            ]
+    dst.write_text(json.dumps(d))
+    return dst
