@@ -20,6 +20,7 @@ WARMUP_FRAC = 0.1
 TAIL_FRAC = 0.1          # loss_final: the last 10% of the matched steps
 ORDERS = 1.0             # a layer's gradient norm moved by ≥ this many orders of magnitude
 MIB = 1 << 20
+LAYER_STEPS = 2000       # steps sampled for a layer's typical gradient norm
 
 
 @dataclass
@@ -90,9 +91,17 @@ class RunData:
             "AND step IS NOT NULL ORDER BY step", [rank]).fetchall()
         m = list(zip(*mem, strict=True)) if mem else [()] * 3
         mf = [np.array([np.nan if v is None else v for v in c], dtype=np.float64) for c in m]
+        # A layer's typical gradient norm, from at most ~LAYER_STEPS evenly spaced steps:
+        # an order-of-magnitude move shows as well, at a tenth of the scan on long runs.
+        stride = max(1, len(rows) // LAYER_STEPS)
         layers = dict(con.execute(
             "SELECT name, median(norm) FROM tensor_stats WHERE kind = 'grad' AND rank = ? "
-            "AND isfinite(norm) AND norm > 0 GROUP BY name", [rank]).fetchall())
+            "AND step % ? = 0 AND isfinite(norm) AND norm > 0 GROUP BY name",
+            [rank, stride]).fetchall())
+        if not layers and stride > 1:  # grad rows only at cadence steps off the stride
+            layers = dict(con.execute(
+                "SELECT name, median(norm) FROM tensor_stats WHERE kind = 'grad' AND "
+                "rank = ? AND isfinite(norm) AND norm > 0 GROUP BY name", [rank]).fetchall())
         return cls(step=f[0].astype(np.int64) if len(f[0]) else np.zeros(0, np.int64),
                    duration=f[1], wait=f[2], loss=f[3], grad_norm=f[4], nonfinite=f[5],
                    mem_step=mf[0], rss=mf[1], cuda=mf[2], layers=layers)
