@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 
@@ -28,12 +29,31 @@ def rolling_median(x: np.ndarray, window: int) -> np.ndarray:
     h = w // 2
     padded = np.concatenate([np.full(h, np.nan), x.astype(np.float64), np.full(h, np.nan)])
     view = np.lib.stride_tricks.sliding_window_view(padded, w)
-    with np.errstate(all="ignore"):
-        import warnings
+    return nanmedian(view, axis=1)
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows → NaN
-            return np.nanmedian(view, axis=1)
+
+def _quiet(fn: Any, a: np.ndarray, axis: int) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    empty = np.all(np.isnan(a), axis=axis)
+    if not np.any(empty):
+        return fn(a, axis=axis)
+    out = np.asarray(fn(np.where(np.expand_dims(empty, axis), 0.0, a), axis=axis),
+                     dtype=np.float64)
+    out[empty] = np.nan
+    return out
+
+
+def nanmedian(a: np.ndarray, axis: int) -> np.ndarray:
+    """``np.nanmedian`` along ``axis`` where an all-NaN slice gives NaN *without* numpy's
+    RuntimeWarning. Not ``warnings.catch_warnings()``: it swaps the process-wide filters
+    and is not thread-safe (compare reads two runs in parallel threads, and the other
+    thread's warnings leaked to the user's terminal)."""
+    return _quiet(np.nanmedian, a, axis)
+
+
+def nanmax(a: np.ndarray, axis: int) -> np.ndarray:
+    """``np.nanmax`` with the all-NaN handling of :func:`nanmedian`."""
+    return _quiet(np.nanmax, a, axis)
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray, max_points: int = 400) -> tuple[float, float]:

@@ -9,7 +9,6 @@ typically many steps before the first NaN.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,9 +66,8 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     # The rise must also clear the window's typical level (median), not just its minimum:
     # a small tensor's gradient (e.g. a bias near convergence) is noisy in log space and
     # rebounds 10x from a single deep dip back to its usual level without growing at all.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN (padding) windows
-        typical = np.nanmedian(np.where(np.isinf(win), np.nan, win), axis=1)
+    # (all-NaN padding windows give NaN)
+    typical = _stats.nanmedian(np.where(np.isinf(win), np.nan, win), axis=1)
     need = math.log(float(th["factor"]))
     with np.errstate(invalid="ignore"):
         rising = (xs - lo >= need) & (xs - typical >= need)

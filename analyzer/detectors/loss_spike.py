@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,9 +47,7 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
     h = max(1, int(th["window"]) // 2)
     before = np.lib.stride_tricks.sliding_window_view(
         np.concatenate([np.full(h, np.nan), loss.astype(np.float64)]), h)[:-1]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (step 0) → NaN
-        prev = np.nanmedian(before, axis=1)
+    prev = _stats.nanmedian(before, axis=1)  # all-NaN windows (step 0) → NaN
     jump = loss - prev
     thr = th["z"] * max(sigma, 1e-12)
     with np.errstate(invalid="ignore"):
@@ -60,9 +57,7 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
     k = max(1, int(th["recover_steps"]))
     after = np.lib.stride_tricks.sliding_window_view(
         np.concatenate([loss.astype(np.float64)[1:], np.full(k, np.nan)]), k)[: len(loss)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        later = np.nanmedian(after, axis=1)
+    later = _stats.nanmedian(after, axis=1)
     with np.errstate(invalid="ignore"):
         recovers = ~(later > prev + float(th["recover_frac"]) * jump)  # NaN (end) counts
         hit &= recovers & ~(np.isnan(later) & (np.arange(len(loss)) < len(loss) - 1))

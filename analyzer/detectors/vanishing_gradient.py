@@ -4,7 +4,6 @@ layers, consistently over the later part of the run."""
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +11,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _data
+from . import _data, _stats
 from .base import Context
 
 ID = "vanishing_gradient"
@@ -70,11 +69,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     # *vanish*: they receive no gradient by construction (BERT's attention key bias: softmax
     # is invariant to it), or are unused. That is a different, informational finding.
     early = g[:, :max(1, int(nb * float(th["early_frac"])))]
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-        early_med = np.nanmedian(np.where(np.isfinite(early), early, np.nan), axis=0)
-        early_rel = np.nanmax(early - early_med, axis=1) if len(names) >= 2 else \
-            np.nanmax(early, axis=1)
+    with np.errstate(all="ignore"):  # (all-NaN columns give NaN)
+        early_med = _stats.nanmedian(np.where(np.isfinite(early), early, np.nan), axis=0)
+        early_rel = _stats.nanmax(early - early_med, axis=1) if len(names) >= 2 else \
+            _stats.nanmax(early, axis=1)
     # ... and isolated: its module's other parameters get a normal gradient (a depth-wise
     # vanishing gradient shrinks a whole layer, weight and bias alike).
     tiny = {names[i] for i in range(len(names))
@@ -87,9 +85,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         return []
     with np.errstate(all="ignore"):
         finite_g = np.where(np.isfinite(g), g, np.nan)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            med = np.nanmedian(finite_g, axis=0)  # median layer per bucket
+        med = _stats.nanmedian(finite_g, axis=0)  # median layer per bucket
         rel_ok = (g - med < math.log(th["max_rel_median"])) if len(names) >= 2 else present
         gw = g - w
         gw_ok = np.where(np.isnan(w), True, gw < math.log(th["max_grad_weight"]))
