@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from .catalog import Run
-from .compare_stats import MIN_EFFECT_BLOCKS, block_medians, shifted
+from .compare_stats import ALPHA, MIN_EFFECT_BLOCKS, block_medians, shifted, two_proportion_p
 from .detectors._stats import theil_sen
+from .detectors.step_time_outlier import DEFAULTS as OUTLIER_DEFAULTS
+from .detectors.step_time_outlier import outliers
 
 WARMUP_FRAC = 0.1
 TAIL_FRAC = 0.1          # loss_final: the last 10% of the matched steps
@@ -73,6 +75,7 @@ class RunData:
     rss: np.ndarray
     cuda: np.ndarray
     layers: dict[str, float]
+    knobs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, run: Run) -> RunData:
@@ -104,7 +107,8 @@ class RunData:
                 "rank = ? AND isfinite(norm) AND norm > 0 GROUP BY name", [rank]).fetchall())
         return cls(step=f[0].astype(np.int64) if len(f[0]) else np.zeros(0, np.int64),
                    duration=f[1], wait=f[2], loss=f[3], grad_norm=f[4], nonfinite=f[5],
-                   mem_step=mf[0], rss=mf[1], cuda=mf[2], layers=layers)
+                   mem_step=mf[0], rss=mf[1], cuda=mf[2], layers=layers,
+                   knobs=dict(run.meta.get("knobs") or {}))
 
     def steady(self) -> np.ndarray:
         """Mask of the steps after the warm-up share."""
@@ -141,6 +145,7 @@ def time_metrics(a: RunData, b: RunData) -> list[Metric]:
     if med is not None and med.base and med.new:
         out.append(Metric("throughput_steps_per_s", 1.0 / med.base, 1.0 / med.new, "higher",
                           med.significant, test=med.test, evidence=med.evidence))
+    out.append(outlier_metric(a, b))
     wa, wb = a.wait[sa] / da, b.wait[sb] / db
     share = _sampled("data_wait_share", wa, wb, "lower", lambda x: float(np.mean(x)),
                      blocks=True)
@@ -149,6 +154,20 @@ def time_metrics(a: RunData, b: RunData) -> list[Metric]:
         share.significant = share.significant and abs(share.new - share.base) >= 0.02
         out.append(share)
     return [m for m in out if m is not None]
+
+
+def outlier_metric(a: RunData, b: RunData) -> Metric | None:
+    """Share of steps that are outliers by the step_time_outlier detector's own rule (its
+    default thresholds, each run's recorder knobs), judged by a two-proportion z-test."""
+    rules = [outliers(r.step, r.duration, r.knobs, OUTLIER_DEFAULTS) for r in (a, b)]
+    if rules[0] is None or rules[1] is None:
+        return None
+    (ka, na), (kb, nb) = ((int(r["mask"].sum()), int(r["sel"].sum())) for r in rules)
+    p = two_proportion_p(ka, na, kb, nb)
+    sig = p < ALPHA and abs(kb / nb - ka / na) >= 0.005
+    return Metric("step_time_outlier_share", ka / na, kb / nb, "lower", sig,
+                  test=f"two-proportion z-test p < {ALPHA} and |Δ| ≥ 0.5% of steps",
+                  evidence={"p_value": p, "base_outliers": ka, "new_outliers": kb})
 
 
 def dynamics_metrics(a: RunData, b: RunData) -> list[Metric]:

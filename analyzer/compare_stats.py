@@ -94,3 +94,16 @@ def shifted(a: np.ndarray, b: np.ndarray, min_effect: float = MIN_EFFECT
     # (constant samples: any difference of the medians is real)
     effect = abs(delta) / pooled if pooled > 0 else (math.inf if delta else 0.0)
     return (p < ALPHA and effect >= min_effect), {"p_value": p, "effect": effect}
+
+
+def two_proportion_p(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided p-value that k1/n1 and k2/n2 (e.g. outlier steps) share one rate (pooled
+    normal approximation)."""
+    if n1 <= 0 or n2 <= 0:
+        return 1.0
+    pooled = (k1 + k2) / (n1 + n2)
+    var = pooled * (1 - pooled) * (1 / n1 + 1 / n2)
+    if var <= 0:
+        return 1.0
+    z = abs(k1 / n1 - k2 / n2) / math.sqrt(var)
+    return float(math.erfc(z / math.sqrt(2.0)))

@@ -82,6 +82,23 @@ def test_a_leak_is_a_memory_regression(tmp_path: Path) -> None:
         set(r["regressions"])
 
 
+def test_stalls_show_as_more_step_time_outliers(tmp_path: Path) -> None:
+    # every 20th step stalls 6x (a checkpoint, GC): the median barely moves, the outliers do
+    rng = np.random.default_rng(0)
+    steady = 0.1 * (1 + 0.02 * rng.standard_normal(400))
+    stalls = np.where(np.arange(400) % 20 == 7, 0.6, steady)
+    a = make_run(tmp_path, name="a", steps=400, seed=1, duration=steady)
+    b = make_run(tmp_path, name="b", steps=400, seed=2, duration=stalls)
+    r = compare_runs(a, b)
+    m = metric(r, "step_time_outlier_share")
+    assert m["base"] == 0 and m["new"] == pytest.approx(20 / 397, abs=0.005)
+    assert m["significant"] and "step_time_outlier_share" in r["regressions"]
+    assert "step_time_median_s" not in r["regressions"]
+    # the same stalls in both runs: no change
+    c = make_run(tmp_path, name="c", steps=400, seed=3, duration=stalls)
+    assert not metric(compare_runs(b, c), "step_time_outlier_share")["significant"]
+
+
 def test_nan_steps_and_a_layer_that_moved_by_orders_of_magnitude(tmp_path: Path) -> None:
     a = make_run(tmp_path, name="a", steps=200, seed=1, tensors=4)
     b = make_run(tmp_path, name="b", steps=200, seed=2, tensors=4,
