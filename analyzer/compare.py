@@ -122,6 +122,10 @@ def comparability(a: Mapping[str, Any], b: Mapping[str, Any], da: RunData, dn: R
         if a.get(key) is not None and b.get(key) is not None and a[key] != b[key]:
             out.append(f"different {what}: {a[key]} vs {b[key]} (record both the same way "
                        "to compare like with like)")
+    ba, bb = (a.get("data") or {}).get("batch_size"), (b.get("data") or {}).get("batch_size")
+    if ba and bb and ba != bb:
+        out.append(f"different batch size: {ba} vs {bb} per rank: step times and losses "
+                   "are per batch, compare throughput in samples (steps/s × batch size)")
     dev_a, dev_b = (a.get("device") or {}).get("type"), (b.get("device") or {}).get("type")
     if dev_a and dev_b and dev_a != dev_b:
         out.append(f"different device: {dev_a} vs {dev_b}: step times are not comparable")

@@ -40,6 +40,7 @@ class StepLifecycle:
     _pending: StepAccum | None
     _pending_sig: tuple[int, int] | None
     _grad_rows: bool
+    _batch_noted: bool
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              **metrics: Any) -> None:
@@ -55,15 +56,21 @@ class StepLifecycle:
         """Lifecycle 4: the step is over. Same as :meth:`step`."""
         self.step(loss, step=step, lr=lr, **metrics)
 
-    def data_wait_ended(self, seconds: float) -> None:
+    def data_wait_ended(self, seconds: float, batch: Any = None) -> None:
         """Lifecycle 1: the open step waited ``seconds`` for its data (added up over
-        micro-batches; recorded as ``data_wait_s``)."""
+        micro-batches; recorded as ``data_wait_s``). ``batch``, when given: the batch that
+        arrived; the first one's leading dimension is kept as run.json's
+        ``data.batch_size`` (per rank), so that ``compare`` can tell runs apart that
+        differ in batch size."""
         if not self._closed:
             acc = self._acc
             acc.data_wait_s += seconds
             acc.waited = True
             if acc.data_ready is None:
                 acc.data_ready = time.perf_counter()
+            if batch is not None and not self._batch_noted:
+                self._batch_noted = True
+                self._guard("batch size", self._note_batch, batch)
 
     def gradients_ready(self) -> None:
         """Lifecycle 2: gradients are final for this optimizer step and the weights are not

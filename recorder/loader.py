@@ -11,7 +11,7 @@ class TimedLoader:
     """Iterates a loader and reports the time spent waiting for each batch (the step
     lifecycle's ``data_wait_ended``)."""
 
-    def __init__(self, loader: Iterable[Any], on_wait: Callable[[float], None]) -> None:
+    def __init__(self, loader: Iterable[Any], on_wait: Callable[..., None]) -> None:
         self.loader = loader
         self.on_wait = on_wait
 
@@ -22,8 +22,9 @@ class TimedLoader:
         return timed(iter(self.loader), self.on_wait)
 
 
-def timed(it: Iterator[Any], on_wait: Callable[[float], None]) -> Iterator[Any]:
-    """``it``'s items, reporting how long each ``next()`` waited."""
+def timed(it: Iterator[Any], on_wait: Callable[..., None]) -> Iterator[Any]:
+    """``it``'s items, reporting how long each ``next()`` waited, and the batch itself
+    (``on_wait(seconds, batch)``: the recorder keeps the first one's size)."""
     clock = time.perf_counter
     while True:
         t0 = clock()
@@ -31,5 +32,26 @@ def timed(it: Iterator[Any], on_wait: Callable[[float], None]) -> Iterator[Any]:
             batch = next(it)
         except StopIteration:
             return
-        on_wait(clock() - t0)
+        on_wait(clock() - t0, batch)
         yield batch
+
+
+def batch_size_of(batch: Any, depth: int = 3) -> int | None:
+    """The leading dimension of the first array-like (anything with a ``shape``) in
+    ``batch``: a tensor, or one inside a tuple, list or dict (as DataLoaders, the
+    transformers collators and Lightning yield them). None when there is none."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else None
+        except (TypeError, ValueError, IndexError):
+            return None
+    if depth <= 0:
+        return None
+    items = batch.values() if isinstance(batch, dict) else \
+        batch if isinstance(batch, (list, tuple)) else ()
+    for item in list(items)[:8]:
+        n = batch_size_of(item, depth - 1)
+        if n is not None:
+            return n
+    return None

@@ -36,7 +36,7 @@ from .dist import rank_and_world
 from .gradients import GradReader
 from .hooks import compiled, unwrap_model, wrapped_in_ddp
 from .lifecycle import StepLifecycle
-from .loader import TimedLoader
+from .loader import TimedLoader, batch_size_of
 from .process_hooks import ProcessHooks
 from .profiling import ProfilerSchedule
 from .rundir import RunDir
@@ -129,6 +129,7 @@ class Recorder(StepLifecycle):
         self._pending_sig: tuple[int, int] | None = None
         self._last_end = time.time()
         self._closed = False
+        self._batch_noted = False
         self._status = "running"
         self._handles: list[Any] = []
         self._act: ActivationCapture | None = None
@@ -361,6 +362,14 @@ class Recorder(StepLifecycle):
                 part.remove()
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(False)
+
+    def _note_batch(self, batch: Any) -> None:
+        """run.json's (and this rank's file's) ``data.batch_size``: written with the next
+        heartbeat. A shape read only: no device sync, nothing copied."""
+        n = batch_size_of(batch)
+        if n is not None:
+            for meta in (self._rundir.meta, self._rundir.rank_meta):
+                meta.setdefault("data", {})["batch_size"] = n
 
     def _counters(self) -> dict[str, Any]:
         # (the writer's first flush can come before its constructor returned to us)

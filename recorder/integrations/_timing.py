@@ -16,7 +16,7 @@ from typing import Any
 from ..loader import timed
 
 
-def time_batches(loader: Any, on_wait: Callable[[float], None]) -> Callable[[], None] | None:
+def time_batches(loader: Any, on_wait: Callable[..., None]) -> Callable[[], None] | None:
     """Make ``loader`` report each batch's wait to ``on_wait``; returns the undo (or None
     when the loader cannot be timed)."""
     cls = type(loader)
@@ -30,7 +30,7 @@ def time_batches(loader: Any, on_wait: Callable[[float], None]) -> Callable[[], 
     return _swap(loader, cls, {"__iter__": __iter__})
 
 
-def time_next(fetcher: Any, on_wait: Callable[[float], None]) -> Callable[[], None] | None:
+def time_next(fetcher: Any, on_wait: Callable[..., None]) -> Callable[[], None] | None:
     """The same for an iterator-like object the framework calls ``next()`` on (Lightning's
     data fetcher, whose loader iterator exists before any callback runs)."""
     cls = type(fetcher)
@@ -43,7 +43,7 @@ def time_next(fetcher: Any, on_wait: Callable[[float], None]) -> Callable[[], No
         t0 = time.perf_counter()
         batch = base_next(self)  # StopIteration passes through
         try:
-            on_wait(time.perf_counter() - t0)
+            on_wait(time.perf_counter() - t0, batch)
         except Exception:
             pass
         return batch

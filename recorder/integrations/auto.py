@@ -237,7 +237,7 @@ class _Timed:
         if self._torch.is_grad_enabled():
             session = _state["session"]
             if session is not None and session.rec is not None:
-                session.rec.data_wait_ended(time.perf_counter() - t0)
+                session.rec.data_wait_ended(time.perf_counter() - t0, batch)
             elif session is None:
                 _state["wait"] += time.perf_counter() - t0  # before the run opened
         return batch

@@ -128,6 +128,14 @@ def test_different_models_warn_and_compare_only_what_is_comparable(tmp_path: Pat
     assert any(m["name"] == "step_time_median_s" for m in r["metrics"])
     res = run_cli("compare", a, b)
     assert res.exit_code == 0 and "different model" in res.output
+    # the same model at another batch size (run.json data.batch_size, from the loader)
+    c = make_run(tmp_path, name="c", steps=120, seed=3, tensors=4,
+                 run_meta={"data": {"batch_size": 32}})
+    d = make_run(tmp_path, name="d", steps=120, seed=4, tensors=4,
+                 run_meta={"data": {"batch_size": 64}})
+    r = compare_runs(c, d)
+    assert r["comparable"] and any("different batch size: 32 vs 64" in w
+                                   for w in r["warnings"])
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:

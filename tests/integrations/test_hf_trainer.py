@@ -87,6 +87,7 @@ def test_trainer_records_the_trainers_own_values(tmp_path: Path) -> None:
     # one recorded step per optimizer step; evaluation (3 times) is not training
     assert sorted(steps) == list(range(10)) and logs.evals >= 2
     assert run_json(run)["status"] == "completed"
+    assert run_json(run)["data"]["batch_size"] == 4  # per_device_train_batch_size
     assert len(logs.train) == 10
     for log in logs.train:
         s = steps[log["step"]]

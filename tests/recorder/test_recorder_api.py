@@ -495,6 +495,19 @@ def test_wrap_loader_measures_data_wait(run_dir: Path, model_opt: Any) -> None:
         assert steps[i]["data_wait_s"] >= 0.045, steps[i]
         assert steps[i]["duration_s"] >= steps[i]["data_wait_s"]
     assert steps[4]["data_wait_s"] is None
+    # the first batch's leading dimension, for compare's comparability check
+    assert run_json(run_dir)["data"] == {"batch_size": 5}
+
+
+def test_batch_size_of_finds_the_leading_dimension() -> None:
+    from tracealyze.recorder.loader import batch_size_of
+
+    x = torch.zeros(7, 3)
+    assert batch_size_of(x) == 7
+    assert batch_size_of((x, torch.zeros(7))) == 7
+    assert batch_size_of({"labels": [1, 2], "input_ids": torch.zeros(3, 128)}) == 3
+    assert batch_size_of([["text"], (torch.zeros(2, 2),)]) == 2
+    assert batch_size_of(torch.tensor(1.0)) is None and batch_size_of("abc") is None
 
 
 def test_odd_values_never_break_training(run_dir: Path) -> None:
