@@ -239,12 +239,18 @@ def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
 @main.command("import-trace")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.argument("run_dir", type=_RUN_DIR)
+@click.option("--keep-raw", is_flag=True,
+              help="Also keep a copy of each raw trace under RUN_DIR/traces/ (for Perfetto).")
+@click.option("--max-ratio", type=float, default=200.0, show_default=True,
+              help="Refuse a gzip trace that expands more than this many times (a "
+                   "decompression bomb); 0 turns the check off.")
 @_edge
-def import_trace(traces: tuple[Path, ...], run_dir: Path) -> None:
+def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
+                 max_ratio: float) -> None:
     """Import external torch.profiler / Kineto traces (.json or .json.gz) into RUN_DIR.
 
-    The events land in the trace_events table (GPU time breakdown, gpu_idle, host_sync,
-    top_ops findings).
+    Traces are streamed (memory stays flat whatever their size) into the trace_events
+    table (GPU time breakdown, gpu_idle, host_sync, top_ops findings).
 
     \b
     Example:
@@ -252,12 +258,15 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path) -> None:
     """
     try:
         from .trace_import import import_traces
+        from .trace_stream import Limits
     except ImportError as e:
         raise BadInput(f"trace import is not available in this installation ({e})") from e
-    for info in import_traces(list(traces), run_dir):
+    if max_ratio < 0:
+        raise BadInput(f"--max-ratio must be ≥ 0, got {max_ratio:g}")
+    limits = Limits(max_ratio=max_ratio or None)
+    for info in import_traces(list(traces), run_dir, keep_raw=keep_raw, limits=limits):
         parts = [f"{k}={v}" for k, v in info.items() if k != "path"]
         click.echo(f"imported {info.get('path', '')} " + " ".join(parts))
-
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

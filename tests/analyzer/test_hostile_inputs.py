@@ -45,7 +45,7 @@ def test_import_trace_never_writes_where_the_trace_id_points(tmp_path, runner, e
     b = _trace(tmp_path / "b" / "worker0", trace_id=evil.format(victim=victim))
     run = tmp_path / "run"
     for t in (a, b):
-        res = runner.invoke(main, ["import-trace", str(t), str(run)])
+        res = runner.invoke(main, ["import-trace", str(t), str(run), "--keep-raw"])
         assert res.exit_code == 0, res.output
     assert victim.read_text() == "original"
     copies = sorted(p.name for p in (run / "traces" / "rank=0").iterdir())

@@ -30,8 +30,13 @@ def test_import_into_a_new_directory_makes_a_minimal_run(tmp_path: Path) -> None
         TRACE_EVENTS_SCHEMA.get_field_index("rank"))  # the rank is the folder (version 2)
     assert t.num_rows == 4810
     assert pq.ParquetFile(part).metadata.row_group(0).column(0).compression == "ZSTD"
-    assert (run / "traces" / "rank=0" / SAMPLED.name).read_bytes() == SAMPLED.read_bytes()
+    # the raw trace is kept only when asked (a choice, not a silent copy of gigabytes)
+    assert not (run / "traces").exists()
     assert not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+    assert not list(tmp_path.glob(".tracealyze-import-*"))  # the scratch folder is gone
+    kept = tmp_path / "kept"
+    import_traces([SAMPLED], kept, keep_raw=True)
+    assert (kept / "traces" / "rank=0" / SAMPLED.name).read_bytes() == SAMPLED.read_bytes()
 
 
 def test_reimport_is_skipped_and_new_traces_take_the_next_part(tmp_path: Path) -> None:
@@ -51,7 +56,10 @@ def test_reimport_is_skipped_and_new_traces_take_the_next_part(tmp_path: Path) -
     (info,) = import_traces([clash], run)
     assert not info["skipped"]
     assert (run / "trace_events" / "rank=0" / "part-000002.parquet").exists()
-    assert len(list((run / "traces" / "rank=0").iterdir())) == 2
+    kept = tmp_path / "kept"
+    import_traces([ROCM, clash], kept, keep_raw=True)
+    raws = sorted(p.name for p in (kept / "traces" / "rank=0").iterdir())
+    assert len(raws) == 2 and ROCM.name in raws  # the second is '<stem>-<digest>.json.gz'
 
 
 def test_a_bad_trace_imports_nothing(tmp_path: Path) -> None:

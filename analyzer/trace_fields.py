@@ -1,0 +1,135 @@
+"""What a Chrome/Kineto trace event becomes in ``trace_events``: the columns, the category
+spellings, the args that are promoted to columns, and the trace's id. Shared by the streaming
+reader (:mod:`.trace_stream`) and the trace helpers (:mod:`.traces`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+try:  # orjson serialises the kept args ~4x faster than the standard library
+    import orjson
+
+    def dumps(obj: Any) -> str:
+        return orjson.dumps(obj, default=str).decode()
+except ImportError:  # pragma: no cover - orjson is a dependency; keep working without it
+
+    def dumps(obj: Any) -> str:
+        return json.dumps(obj, separators=(",", ":"), default=str)
+
+
+TRACE_EVENTS_SCHEMA = pa.schema(
+    [
+        ("trace_id", pa.string()),
+        ("step", pa.int64()),
+        ("cat", pa.string()),
+        ("name", pa.string()),
+        ("ts_us", pa.float64()),
+        ("dur_us", pa.float64()),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("stream", pa.int64()),
+        ("correlation", pa.int64()),
+        ("external_id", pa.int64()),
+        ("device", pa.int64()),
+        ("args", pa.string()),
+        ("rank", pa.int32()),
+    ]
+)
+"""FORMAT.md trace_events columns, in order, plus ``rank``."""
+
+GPU_ACTIVITY_CATS: tuple[str, ...] = ("kernel", "gpu_memcpy", "gpu_memset")
+"""Categories that are work on the device (DESIGN 'GPU time breakdown')."""
+
+GPU_SIDE_CATS: frozenset[str] = frozenset(
+    (*GPU_ACTIVITY_CATS, "cuda_sync", "gpu_user_annotation")
+)
+"""Categories drawn on the device timeline; their step comes from the launching event."""
+
+LAUNCH_CATS: tuple[str, ...] = ("cuda_runtime", "cuda_driver")
+"""Host-side API calls that carry the correlation id of the device work they launch."""
+
+# Old (PyTorch 1.8-1.10) Kineto traces and some ROCm builds use other spellings of the same
+# categories. They are stored under the current names so one set of queries fits all traces.
+CAT_ALIASES: dict[str, str] = {
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "Runtime": "cuda_runtime",
+    "Driver": "cuda_driver",
+    "Operator": "cpu_op",
+    "hip_runtime": "cuda_runtime",
+    "hip_driver": "cuda_driver",
+    "gpu_kernel": "kernel",
+    "Sync": "cuda_sync",
+}
+
+# Keys promoted to columns (or pure bookkeeping) are not repeated in the args JSON.
+PROMOTED_ARGS = frozenset(("stream", "correlation", "External id", "device", "Ev Idx"))
+PROMOTED_HOST_ARGS = PROMOTED_ARGS - {"stream"}
+ARGS_MAX_BYTES = 2048
+"""args JSON longer than this keeps only its scalar values (or is dropped if still longer)."""
+
+NO_STREAM = frozenset((-1, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF))
+"""How Kineto writes 'no stream' (a device-wide Context Sync)."""
+
+
+def to_int(v: Any) -> int | None:
+    """Integer from an int, an integral float or a decimal/hex string ('0x0' on ROCm)."""
+    if type(v) is int:
+        return v
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, float):
+        return int(v) if v == v and abs(v) < 2**63 else None
+    if isinstance(v, str):
+        try:
+            return int(v, 0)
+        except ValueError:
+            try:
+                return int(v)  # "007": int(x, 0) refuses leading zeros
+            except ValueError:
+                return None
+    try:  # a Decimal from the incremental parser
+        f = float(v)
+    except (TypeError, ValueError, ArithmeticError):
+        return None
+    return int(f) if f == f and abs(f) < 2**63 and f == int(f) else None
+
+
+def args_json(args: dict[str, Any], promoted: frozenset[str]) -> str | None:
+    kept = {k: v for k, v in args.items() if k not in promoted}
+    if not kept:
+        return None
+    text = dumps(kept)
+    if len(text) > ARGS_MAX_BYTES:
+        # Long input-shape lists and concrete inputs of big ops: keep the scalars only.
+        kept = {k: v for k, v in kept.items() if not isinstance(v, (list, dict))}
+        text = dumps(kept) if kept else ""
+        if not text or len(text) > ARGS_MAX_BYTES:
+            return None
+    return text
+
+
+def trace_stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".json", ".trace", ".pt"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or "trace"
+
+
+def trace_id(path: Path, meta: dict[str, Any], digest: str) -> str:
+    """The trace's id: Kineto writes its own into traces from managed jobs; otherwise the
+    file name keeps it readable and ``digest`` (12 hex digits of the SHA-1 of the
+    decompressed bytes) keeps it stable and unique (re-imports are detectable)."""
+    own = meta.get("trace_id")
+    if isinstance(own, str) and own.strip():
+        return own.strip()
+    stem = trace_stem(path)
+    # import_traces names a copy '<stem>-<digest>.<ext>' when the file name is taken: the id
+    # of that copy must stay the id of the original.
+    return stem if stem.endswith(f"-{digest}") else f"{stem}-{digest}"

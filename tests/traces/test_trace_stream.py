@@ -1,0 +1,56 @@
+"""Streaming ingest (issue 16): the same rows whether a trace fits one batch (numpy second
+pass) or not (DuckDB second pass, spilling), decompression bombs refused with a clear message,
+and nothing of a refused import left behind."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from trace_helpers import NCCL_NS, SAMPLED, table_of
+from tracealyze.analyzer import trace_stream
+from tracealyze.analyzer.cli import main
+from tracealyze.analyzer.errors import TraceError
+from tracealyze.analyzer.trace_stream import Limits
+from tracealyze.analyzer.traces import read_trace, trace_id_for
+
+
+@pytest.mark.parametrize("trace", [SAMPLED, NCCL_NS], ids=["sampled", "nccl"])
+def test_batched_duckdb_pass_gives_the_rows_of_the_in_memory_pass(trace: Path,
+                                                                 monkeypatch) -> None:
+    whole = table_of(trace)  # one batch: steps in numpy
+    monkeypatch.setattr(trace_stream, "BATCH", 700)  # many batches: steps in DuckDB
+    streamed = read_trace(trace)
+    assert streamed.num_rows == whole.num_rows > 4000
+    assert streamed.equals(whole)
+    assert streamed.column("step").null_count < streamed.num_rows  # steps were assigned
+    assert trace_id_for(trace) == whole["trace_id"][0].as_py()
+
+
+def test_a_decompression_bomb_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (40 << 20) + b"]}"))
+    assert bomb.stat().st_size < (100 << 10)  # ~400x
+    with pytest.raises(TraceError) as e:
+        read_trace(bomb, limits=Limits(max_ratio=100, check_after=1 << 20))
+    msg = str(e.value)
+    assert "decompression bomb" in msg and str(bomb) in msg and "--max-ratio" in msg
+    with pytest.raises(TraceError, match="decompresses to more than 1,000,000 bytes"):
+        read_trace(bomb, limits=Limits(max_ratio=None, max_bytes=1_000_000))
+    # without limits it is just an empty trace
+    assert read_trace(bomb, limits=Limits(max_ratio=None)).num_rows == 0
+
+
+def test_cli_refuses_a_bad_max_ratio_and_a_bad_trace_leaves_nothing(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["import-trace", str(SAMPLED), str(run),
+                                    "--max-ratio", "-1"])
+    assert res.exit_code == 2 and "--max-ratio" in res.output
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(SAMPLED.read_bytes()[:20_000])
+    res = CliRunner().invoke(main, ["import-trace", str(SAMPLED), str(cut), str(run)])
+    assert res.exit_code == 2 and "cut.json.gz" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert not run.exists() and not list(tmp_path.glob(".tracealyze-import-*"))
