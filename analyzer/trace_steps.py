@@ -14,7 +14,8 @@ import pyarrow as pa
 
 from .trace_fields import GPU_SIDE_CATS, LAUNCH_CATS
 
-DUCKDB_MEMORY = "512MB"
+DUCKDB_MEMORY = "256MB"
+"""DuckDB's budget for the second pass; beyond it, it spills to the temp directory."""
 GPU_SIDE = tuple(sorted(GPU_SIDE_CATS))
 LAUNCH = LAUNCH_CATS
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
