@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .arrow_build import numeric, repeated
+from .arrow_build import values as np_values
 from .trace_fields import GPU_SIDE_CATS, LAUNCH_CATS
 
 DUCKDB_MEMORY = "256MB"
@@ -74,14 +76,14 @@ def finish_in_memory(rb: pa.RecordBatch, trace_id_: str) -> pa.Table:
     """The second pass of a one-batch trace, in numpy (same rules as the SQL)."""
     cats = rb.column("cat").to_pylist()
     names = rb.column("name").to_pylist()
-    ts = rb.column("ts_us").to_numpy(zero_copy_only=False)
-    dur = rb.column("dur_us").to_numpy(zero_copy_only=False)
+    ts = np_values(rb.column("ts_us"))
+    dur = np_values(rb.column("dur_us"))
     corr = rb.column("correlation").to_pylist()
     values, valid = steps_in_memory(cats, names, ts, dur, corr)
-    order = pa.array(np.lexsort((rb.column("i").to_numpy(zero_copy_only=False), ts)))
+    order = numeric(np.lexsort((np_values(rb.column("i")), ts)), pa.int64())
     t = pa.Table.from_batches([rb]).drop_columns(["i"])
-    t = t.add_column(0, "step", pa.array(values, type=pa.int64(), mask=~valid))
-    t = t.add_column(0, "trace_id", pa.array([trace_id_] * rb.num_rows, type=pa.string()))
+    t = t.add_column(0, "step", numeric(values, pa.int64(), ~valid))
+    t = t.add_column(0, "trace_id", repeated(trace_id_, rb.num_rows))
     return t.take(order)
 
 

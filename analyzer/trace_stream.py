@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tracealyze.format.parts import MAX_RANK
 
+from .arrow_build import floats, ints, strings
 from .errors import TraceError
 from .trace_fields import (
     CAT_ALIASES,
@@ -237,10 +238,9 @@ def _convert(events: list[dict[str, Any]], start: int) -> pa.RecordBatch:
         exts.append(ext if type(ext) is int or ext is None else to_int(ext))
         devs.append(dev if type(dev) is int or dev is None else to_int(dev))
         argss.append(a_json)
-    cols = [idx, cats, names, ts, dur, pids, tids, streams, corrs, exts, devs, argss]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(cols, FIRST_PASS, strict=True)],
-        schema=FIRST_PASS)
+    arrays = [ints(idx), strings(cats), strings(names), floats(ts), floats(dur), ints(pids),
+              ints(tids), ints(streams), ints(corrs), ints(exts), ints(devs), strings(argss)]
+    return pa.RecordBatch.from_arrays(arrays, schema=FIRST_PASS)
 
 
 @dataclass
