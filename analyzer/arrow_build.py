@@ -31,10 +31,20 @@ def numeric(values: np.ndarray, typ: pa.DataType, missing: np.ndarray | None = N
 
 def ints(values: Sequence[int | None]) -> pa.Array:
     """int64 with None as null (values beyond int64 become null)."""
-    n = len(values)
-    missing = np.fromiter((v is None or not -2**63 <= v < 2**63 for v in values), bool, n)
-    data = np.fromiter((0 if m else v for v, m in zip(values, missing, strict=True)),
-                       np.int64, n)
+    a = np.array(values, dtype=object)
+    if a.ndim != 1:  # (a list of equal-length lists would make a 2-D array)
+        a = np.empty(len(values), dtype=object)
+        a[:] = list(values)
+    missing = np.equal(a, None)
+    if missing.any():
+        a[missing] = 0
+    try:
+        data = a.astype(np.int64)
+    except OverflowError:  # some value beyond int64: those become null
+        big = np.fromiter((not -2**63 <= v < 2**63 for v in a), bool, len(a))
+        a[big] = 0
+        missing |= big
+        data = a.astype(np.int64)
     return numeric(data, pa.int64(), missing)
 
 
@@ -43,7 +53,7 @@ def floats(values: Sequence[float]) -> pa.Array:
 
 
 def strings(values: Sequence[str | None]) -> pa.Array:
-    """UTF-8 strings with None as null (text that is not valid Unicode gets U+FFFD)."""
+    """UTF-8 strings with None as null (a lone surrogate, not encodable, becomes "?")."""
     n = len(values)
     enc = [b"" if v is None else v.encode("utf-8", "replace") for v in values]
     missing = np.fromiter((v is None for v in values), bool, n)

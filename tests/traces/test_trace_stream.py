@@ -54,3 +54,29 @@ def test_cli_refuses_a_bad_max_ratio_and_a_bad_trace_leaves_nothing(tmp_path: Pa
     assert res.exit_code == 2 and "cut.json.gz" in res.output
     assert len(res.output.strip().splitlines()) == 1
     assert not run.exists() and not list(tmp_path.glob(".tracealyze-import-*"))
+
+
+def test_arrow_builders_match_pa_array_without_importing_pandas() -> None:
+    import ast
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import pyarrow as pa
+from tracealyze.analyzer.arrow_build import floats, ints, repeated, strings, values
+cases = [[1, None, 3], [], [None], [2**70, 5, None], [-(2**63), 2**63 - 1]]
+out = [ints(c).to_pylist() for c in cases]
+s = strings(["a", None, "é", "\\ud800"]).to_pylist()
+f = floats([1.5, -0.0]).to_pylist()
+r = repeated("t", 3).to_pylist()
+v = [int(x) for x in values(ints([4, 5, 6]).slice(1))]
+print(repr((out, s, f, r, v, "pandas" in sys.modules)))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    out, s, f, r, v, pandas = ast.literal_eval(res.stdout.strip())
+    assert out == [[1, None, 3], [], [None], [None, 5, None], [-(2**63), 2**63 - 1]]
+    assert s == ["a", None, "é", "?"]  # a lone surrogate is not UTF-8: replaced
+    assert f == [1.5, -0.0] and r == ["t", "t", "t"] and v == [5, 6]
+    assert not pandas
