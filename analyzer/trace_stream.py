@@ -27,6 +27,7 @@ import hashlib
 import io
 import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from tracealyze.format.parts import MAX_RANK
 
 from .arrow_build import floats, ints, strings
 from .errors import TraceError
+from .trace_chunks import Fallback, chunked_events
 from .trace_fields import (
     CAT_ALIASES,
     GPU_SIDE_CATS,
@@ -255,64 +257,94 @@ class Ingested:
     """12 hex digits of the SHA-1 of the decompressed trace (names the raw copy)."""
 
 
-def _events(reader: GuardedReader) -> Any:
-    """ijson's event objects of the trace, whichever of the two forms it has: an object with
-    a ``traceEvents`` list, or the bare Chrome 'JSON array' of events."""
-    import ijson
-
-    first = b""
-    while not first:
-        chunk = reader.read(READ_SIZE)
-        if not chunk:
-            raise TraceError(f"trace {reader.path} is empty")
-        first = chunk.lstrip()[:1]
-        if first:
-            break
-    prefix = "item" if first == b"[" else "traceEvents.item"
-    if first not in (b"[", b"{"):
-        raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
-                         "Chrome/Kineto trace)")
-    reader.pushed = chunk
-    return ijson.items(reader, prefix, use_float=True, buf_size=READ_SIZE), prefix
-
-
 def stream_events(path: Path, out: Path, *, limits: Limits | None = None
                   ) -> tuple[Ingested, pa.RecordBatch | None]:
     """First pass: ``path``'s complete events, in batches. A trace of more than one batch
     goes into the Parquet file ``out`` (FIRST_PASS columns) and None is returned with its
     info; a smaller one stays in memory and is returned as one record batch (the second
-    pass is then done in numpy: a small trace does not pay DuckDB's start-up)."""
+    pass is then done in numpy: a small trace does not pay DuckDB's start-up). The fast
+    path (:mod:`.trace_chunks`, orjson on chunks) is tried first; a trace it cannot cut is
+    read again with ijson."""
+    for fast in (True, False):
+        reader = GuardedReader(path, limits or Limits())
+        try:
+            n, last, array_form = _first_pass(reader, out, fast)
+        except Fallback:
+            continue
+        finally:
+            reader.close()
+        break
+    meta = edge_meta(bytes(reader.head), reader.tail)
+    if not array_form and n == 0 and b'"traceEvents"' not in reader.head \
+            and b'"traceEvents"' not in reader.tail:
+        raise TraceError(f"trace {path} has no 'traceEvents' list; not a Chrome/Kineto trace")
+    digest = reader.sha.hexdigest()[:12]
+    info = Ingested(trace_id=trace_id(path, meta, digest), rank=rank_of_trace(path, meta),
+                    events=n, meta=meta, digest=digest)
+    return info, last
+
+
+def _lists(reader: GuardedReader, fast: bool) -> tuple[Iterator[list[Any]], bool]:
+    """The trace's events as lists (chunks), and whether it is the bare array form."""
     import ijson
 
-    reader = GuardedReader(path, limits or Limits())
-    n = 0
+    first = b""
+    while not first.strip():
+        chunk = reader.read(READ_SIZE)
+        if not chunk:
+            raise TraceError(f"trace {reader.path} is empty")
+        first += chunk
+    lead = first.lstrip()[:1]
+    if lead not in (b"[", b"{"):
+        raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
+                         "Chrome/Kineto trace)")
+    if fast:
+        return chunked_events(reader, first), lead == b"["
+    reader.pushed = first
+    prefix = "item" if lead == b"[" else "traceEvents.item"
+    items = ijson.items(reader, prefix, use_float=True, buf_size=READ_SIZE)
+    return _batched(items), lead == b"["
+
+
+def _batched(items: Iterator[Any]) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for e in items:
+        batch.append(e)
+        if len(batch) >= BATCH:
+            yield batch
+            batch = []
+    yield batch
+
+
+def _first_pass(reader: GuardedReader, out: Path, fast: bool
+                ) -> tuple[int, pa.RecordBatch | None, bool]:
+    import ijson
+
+    n = pos = 0
     writer: pq.ParquetWriter | None = None
-    last: pa.RecordBatch | None = None
+    pending: list[dict[str, Any]] = []
     # The parsed events make no reference cycles, but a batch of them is ~10^5 container
     # objects, which sets off the cyclic collector over and over: 40% of the parse time.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        items, prefix = _events(reader)
-        batch: list[dict[str, Any]] = []
-        pos = 0
+        lists, array_form = _lists(reader, fast)
         try:
-            for e in items:
-                if type(e) is dict and e.get("ph") == "X":
-                    batch.append(e)
-                    if len(batch) >= BATCH:
-                        if writer is None:
-                            writer = pq.ParquetWriter(out, FIRST_PASS, compression="zstd")
-                        rb = _convert(batch, pos)
-                        writer.write_batch(rb)
-                        n += rb.num_rows
-                        pos += len(batch)
-                        batch = []
+            for events in lists:
+                pending += [e for e in events if type(e) is dict and e.get("ph") == "X"]
+                while len(pending) >= BATCH:
+                    if writer is None:
+                        writer = pq.ParquetWriter(out, FIRST_PASS, compression="zstd")
+                    rb = _convert(pending[:BATCH], pos)
+                    writer.write_batch(rb)
+                    n += rb.num_rows
+                    pos += BATCH
+                    del pending[:BATCH]
         except ijson.JSONError as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise TraceError(f"trace {path} is not valid JSON (truncated or not a "
+            raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
                              f"Chrome/Kineto trace): {first}") from e
-        last = _convert(batch, pos)
+        last: pa.RecordBatch | None = _convert(pending, pos)
         n += last.num_rows
         if writer is not None:
             writer.write_batch(last)
@@ -324,15 +356,7 @@ def stream_events(path: Path, out: Path, *, limits: Limits | None = None
             gc.enable()
         if writer is not None:
             writer.close()
-        reader.close()
-    meta = edge_meta(bytes(reader.head), reader.tail)
-    if prefix == "traceEvents.item" and n == 0 and b'"traceEvents"' not in reader.head \
-            and b'"traceEvents"' not in reader.tail:
-        raise TraceError(f"trace {path} has no 'traceEvents' list; not a Chrome/Kineto trace")
-    digest = reader.sha.hexdigest()[:12]
-    info = Ingested(trace_id=trace_id(path, meta, digest), rank=rank_of_trace(path, meta),
-                    events=n, meta=meta, digest=digest)
-    return info, last
+    return n, last, array_form
 
 
 def rank_of_trace(path: Path, meta: dict[str, Any], rank: int | None = None) -> int:

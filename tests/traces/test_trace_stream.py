@@ -80,3 +80,51 @@ print(repr((out, s, f, r, v, "pandas" in sys.modules)))
     assert s == ["a", None, "é", "?"]  # a lone surrogate is not UTF-8: replaced
     assert f == [1.5, -0.0] and r == ["t", "t", "t"] and v == [5, 6]
     assert not pandas
+
+
+def _no_fast_path(monkeypatch) -> None:
+    from tracealyze.analyzer import trace_chunks
+
+    def refuse(*_a, **_k):
+        raise trace_chunks.Fallback("test")
+        yield  # (a generator, like the real one)
+
+    monkeypatch.setattr(trace_stream, "chunked_events", refuse)
+
+
+@pytest.mark.parametrize("trace", sorted((Path(__file__).parents[1] / "data" / "traces")
+                                         .glob("*.json.gz")), ids=lambda p: p.name[:12])
+def test_the_orjson_chunks_give_the_rows_of_the_incremental_parser(trace: Path,
+                                                                   monkeypatch) -> None:
+    fast = read_trace(trace)
+    _no_fast_path(monkeypatch)
+    assert read_trace(trace).equals(fast)
+
+
+def test_cuts_inside_strings_and_nested_objects_fall_back_or_parse_right(tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    import json
+
+    tricky = [{"ph": "X", "cat": "cpu_op", "name": 'a"}, {"b', "ts": float(i), "dur": 1.0,
+               "pid": 1, "tid": 1, "args": {"nested": [{"x": 1}, {"y": "}, {"}],
+                                            "External id": i}} for i in range(3000)]
+    p = tmp_path / "tricky.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": tricky,
+                             "deviceProperties": [{"id": 0}], "traceName": "t"}))
+    monkeypatch.setattr(trace_stream, "READ_SIZE", 4096)
+    from tracealyze.analyzer import trace_chunks
+
+    monkeypatch.setattr(trace_chunks, "CHUNK", 8192)  # many cuts, most of them tricky
+    t = read_trace(p)
+    assert t.num_rows == 3000 and set(t.column("name").to_pylist()) == {'a"}, {"b'}
+    assert t.column("external_id").to_pylist() == list(range(3000))
+    # the bare array form, an empty array, and a document cut after its events
+    (tmp_path / "bare.json").write_text(json.dumps(tricky[:5]))
+    assert read_trace(tmp_path / "bare.json").num_rows == 5
+    (tmp_path / "empty.json").write_text('{"traceEvents": [ ], "x": 1}')
+    assert read_trace(tmp_path / "empty.json").num_rows == 0
+    whole = p.read_bytes()
+    for cut in (len(whole) - 5, len(whole) // 2):
+        (tmp_path / "cut.json").write_bytes(whole[:cut])
+        with pytest.raises(TraceError, match="not valid JSON"):
+            read_trace(tmp_path / "cut.json")
