@@ -53,6 +53,9 @@ from .trace_steps import assign_steps, finish_in_memory
 
 BATCH = 16_384
 """Events per Arrow record batch of the first pass: ~25 MB of parsed Python dicts at most."""
+IN_MEMORY = 131_072
+"""A trace of at most this many events is kept as Arrow batches (~15 MB) and finished in
+numpy; a bigger one goes through a scratch Parquet file and DuckDB (bounded memory)."""
 READ_SIZE = 1 << 20
 EDGE = 1 << 20
 """Bytes kept from the start and the end of the trace for its metadata."""
@@ -259,9 +262,9 @@ class Ingested:
 
 def stream_events(path: Path, out: Path, *, limits: Limits | None = None
                   ) -> tuple[Ingested, pa.RecordBatch | None]:
-    """First pass: ``path``'s complete events, in batches. A trace of more than one batch
-    goes into the Parquet file ``out`` (FIRST_PASS columns) and None is returned with its
-    info; a smaller one stays in memory and is returned as one record batch (the second
+    """First pass: ``path``'s complete events, in batches. A trace of more than IN_MEMORY
+    events goes into the Parquet file ``out`` (FIRST_PASS columns) and None is returned with
+    its info; a smaller one stays in memory and is returned as one record batch (the second
     pass is then done in numpy: a small trace does not pay DuckDB's start-up). The fast
     path (:mod:`.trace_chunks`, orjson on chunks) is tried first; a trace it cannot cut is
     read again with ijson."""
@@ -323,6 +326,7 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
     n = pos = 0
     writer: pq.ParquetWriter | None = None
     pending: list[dict[str, Any]] = []
+    held: list[pa.RecordBatch] = []  # converted batches, until the trace outgrows IN_MEMORY
     # The parsed events make no reference cycles, but a batch of them is ~10^5 container
     # objects, which sets off the cyclic collector over and over: 40% of the parse time.
     was_enabled = gc.isenabled()
@@ -333,13 +337,20 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
             for events in lists:
                 pending += [e for e in events if type(e) is dict and e.get("ph") == "X"]
                 while len(pending) >= BATCH:
-                    if writer is None:
-                        writer = pq.ParquetWriter(out, FIRST_PASS, compression="zstd")
                     rb = _convert(pending[:BATCH], pos)
-                    writer.write_batch(rb)
                     n += rb.num_rows
                     pos += BATCH
                     del pending[:BATCH]
+                    if writer is None:
+                        held.append(rb)
+                        if n <= IN_MEMORY:
+                            continue
+                        writer = pq.ParquetWriter(out, FIRST_PASS, compression="zstd")
+                        for h in held:
+                            writer.write_batch(h)
+                        held = []
+                    else:
+                        writer.write_batch(rb)
         except ijson.JSONError as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
@@ -349,6 +360,8 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
         if writer is not None:
             writer.write_batch(last)
             last = None
+        elif held:
+            last = pa.concat_batches([*held, last])
         while reader.read(READ_SIZE):  # the rest of the file: the hash covers all of it
             pass
     finally:

@@ -21,7 +21,8 @@ from tracealyze.analyzer.traces import read_trace, trace_id_for
 def test_batched_duckdb_pass_gives_the_rows_of_the_in_memory_pass(trace: Path,
                                                                  monkeypatch) -> None:
     whole = table_of(trace)  # one batch: steps in numpy
-    monkeypatch.setattr(trace_stream, "BATCH", 700)  # many batches: steps in DuckDB
+    monkeypatch.setattr(trace_stream, "BATCH", 700)  # many batches ...
+    monkeypatch.setattr(trace_stream, "IN_MEMORY", 1000)  # ... and steps in DuckDB
     streamed = read_trace(trace)
     assert streamed.num_rows == whole.num_rows > 4000
     assert streamed.equals(whole)
@@ -128,3 +129,10 @@ def test_cuts_inside_strings_and_nested_objects_fall_back_or_parse_right(tmp_pat
         (tmp_path / "cut.json").write_bytes(whole[:cut])
         with pytest.raises(TraceError, match="not valid JSON"):
             read_trace(tmp_path / "cut.json")
+
+
+def test_held_batches_are_finished_in_memory(monkeypatch) -> None:
+    whole = table_of(SAMPLED)
+    monkeypatch.setattr(trace_stream, "BATCH", 700)  # several batches, all held
+    monkeypatch.setattr(trace_stream.pq, "ParquetWriter", None)  # no scratch file at all
+    assert read_trace(SAMPLED).equals(whole)
