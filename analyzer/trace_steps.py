@@ -23,53 +23,65 @@ LAUNCH = LAUNCH_CATS
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
 
-_SECOND_PASS = f"""
-COPY (
-  WITH ev AS (SELECT * FROM read_parquet(?)),
-  spans AS (
-    SELECT ts_us AS s, ts_us + dur_us AS e,
-           CAST(regexp_extract(name, '^ProfilerStep#([0-9]+)$', 1) AS BIGINT) AS step
-    FROM ev WHERE regexp_matches(name, '^ProfilerStep#[0-9]+$')
-      AND coalesce(cat, '') NOT IN {GPU_SIDE}),
-  host AS (
-    SELECT ev.i, CASE WHEN ev.ts_us <= sp.e THEN sp.step END AS step
-    FROM (SELECT i, ts_us FROM ev WHERE coalesce(cat, '') NOT IN {GPU_SIDE}) ev
-    ASOF LEFT JOIN spans sp ON ev.ts_us >= sp.s),
-  launch AS (
-    SELECT ev.correlation, min_by(h.step, ev.i) AS step
-    FROM ev JOIN host h ON h.i = ev.i
-    WHERE ev.cat IN {LAUNCH} AND ev.correlation >= 0 AND h.step IS NOT NULL
-    GROUP BY ev.correlation)
-  SELECT ? AS trace_id,
-         CASE WHEN coalesce(ev.cat, '') IN {GPU_SIDE} THEN l.step ELSE h.step END AS step,
-         ev.cat, ev.name, ev.ts_us, ev.dur_us, ev.pid, ev.tid, ev.stream, ev.correlation,
-         ev.external_id, ev.device, ev.args
-  FROM ev
-  LEFT JOIN host h ON h.i = ev.i
-  LEFT JOIN launch l ON l.correlation = ev.correlation
-                    AND coalesce(ev.cat, '') IN {GPU_SIDE} AND ev.correlation >= 0
-  ORDER BY ev.ts_us, ev.i
-) TO '{{out}}' (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1048576)
-"""
+_HOST = f"coalesce(cat, '') NOT IN {GPU_SIDE}"
+_STAGES = (
+    # ProfilerStep spans (a few per trace)
+    f"""CREATE TABLE spans AS
+        SELECT ts_us AS s, ts_us + dur_us AS e,
+               CAST(regexp_extract(name, '^ProfilerStep#([0-9]+)$', 1) AS BIGINT) AS step
+        FROM read_parquet({{first}}) WHERE regexp_matches(name, '^ProfilerStep#[0-9]+$')
+          AND {_HOST}""",
+    # host rows: the span that contains their start (narrow rows only)
+    f"""CREATE TABLE host AS
+        SELECT ev.i, ev.cat, ev.correlation,
+               CASE WHEN ev.ts_us <= sp.e THEN sp.step END AS step
+        FROM (SELECT i, ts_us, cat, correlation FROM read_parquet({{first}})
+              WHERE {_HOST}) ev
+        ASOF LEFT JOIN spans sp ON ev.ts_us >= sp.s""",
+    # device rows: the step of the runtime call that launched them
+    f"""CREATE TABLE launch AS
+        SELECT correlation, min_by(step, i) AS step FROM host
+        WHERE cat IN {LAUNCH} AND correlation >= 0 AND step IS NOT NULL
+        GROUP BY correlation""",
+    f"""CREATE TABLE steps AS
+        SELECT i, step FROM host WHERE step IS NOT NULL
+        UNION ALL
+        SELECT ev.i, l.step
+        FROM (SELECT i, correlation FROM read_parquet({{first}})
+              WHERE NOT ({_HOST}) AND correlation >= 0) ev
+        JOIN launch l USING (correlation)""",
+    # the wide rows once: joined with their step, sorted by time (spills when it must)
+    """COPY (
+        SELECT {trace_id} AS trace_id, s.step, ev.cat, ev.name, ev.ts_us, ev.dur_us, ev.pid,
+               ev.tid, ev.stream, ev.correlation, ev.external_id, ev.device, ev.args
+        FROM read_parquet({first}) ev LEFT JOIN steps s ON s.i = ev.i
+        ORDER BY ev.ts_us, ev.i
+    ) TO {out} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1048576)""",
+)
 
 
 def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
-    """Second pass: steps, time order and the final columns, by DuckDB in bounded memory."""
+    """Second pass: steps, time order and the final columns, by DuckDB in bounded memory.
+    In stages over narrow columns, with the intermediate tables in a database file in
+    ``tmp_dir``: only the last stage touches the wide rows (names, args), and it is a join
+    with a narrow table and a sort, both of which spill."""
     import duckdb
 
-    con = duckdb.connect(":memory:")
+    con = duckdb.connect(str(tmp_dir / "steps.duckdb"))
+    names = {"first": _lit(str(first)), "out": _lit(str(out)), "trace_id": _lit(trace_id_)}
     try:
         con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
-        con.execute(f"SET temp_directory = '{_sql_path(tmp_dir)}'")
+        con.execute(f"SET temp_directory = {_lit(str(tmp_dir))}")
         con.execute("SET preserve_insertion_order = false")
         con.execute("SET enable_progress_bar = false")
-        con.execute(_SECOND_PASS.replace("{out}", _sql_path(out)), [str(first), trace_id_])
+        for sql in _STAGES:
+            con.execute(sql.format(**names))
     finally:
         con.close()
 
 
-def _sql_path(p: Path) -> str:
-    return str(p).replace("'", "''")
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def finish_in_memory(rb: pa.RecordBatch, trace_id_: str) -> pa.Table:
