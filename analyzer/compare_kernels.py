@@ -24,7 +24,7 @@ import numpy as np
 
 from .compare_metrics import Metric
 from .compare_stats import shifted
-from .gputime import gpu_time_breakdown, gpu_time_by_step
+from .gputime import gpu_time_breakdown, gpu_time_by_step, has_trace_events
 
 KINDS_SQL = """CASE WHEN cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') THEN 'kernel'
                     WHEN cat = 'cpu_op' THEN 'op'
@@ -49,12 +49,11 @@ class TraceData:
 
     @classmethod
     def load(cls, con: Any) -> TraceData | None:
-        try:
-            (n_gpu,) = con.execute(
-                "SELECT count(*) FROM trace_events WHERE cat IN "
-                "('kernel', 'gpu_memcpy', 'gpu_memset')").fetchone()
-        except Exception:  # no trace_events view at all
+        if not has_trace_events(con):
             return None
+        (n_gpu,) = con.execute(
+            "SELECT count(*) FROM trace_events WHERE cat IN "
+            "('kernel', 'gpu_memcpy', 'gpu_memset')").fetchone()
         if not n_gpu:
             return None
         spans = con.execute(

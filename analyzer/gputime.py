@@ -96,7 +96,8 @@ unions AS (
 """
 
 
-def _has_trace_events(con: duckdb.DuckDBPyConnection) -> bool:
+def has_trace_events(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``con`` has a ``trace_events`` view (or table) to read."""
     try:
         con.execute("SELECT 1 FROM trace_events LIMIT 0")
     except duckdb.Error:
@@ -110,7 +111,7 @@ def gpu_time_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     Over the ``trace_events`` view of ``con``; sorted by rank; empty when there is no GPU
     activity (or no such view).
     """
-    if not _has_trace_events(con):
+    if not has_trace_events(con):
         return []
     rows = _breakdown(con, "0")
     for r in rows:
@@ -125,7 +126,7 @@ def gpu_time_by_step(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     from its first start to its last end, so the gap between steps is in neither. Activity
     with no step (no ProfilerStep in the trace) is left out.
     """
-    if not _has_trace_events(con):
+    if not has_trace_events(con):
         return []
     rows = _breakdown(con, "step", "step IS NOT NULL")
     for r in rows:
@@ -184,7 +185,7 @@ def kernel_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     exclusive and overlap shares HTA plots follow from these by inclusion–exclusion.
     Types with no activity are left out; sorted by rank, then total_us descending.
     """
-    if not _has_trace_events(con):
+    if not has_trace_events(con):
         return []
     keyed = (
         "SELECT rank, trace_id, 0 AS part, 'busy' AS k, s, e FROM act "

@@ -93,11 +93,7 @@ def to_int(v: Any) -> int | None:
                 return int(v)  # "007": int(x, 0) refuses leading zeros
             except ValueError:
                 return None
-    try:  # a Decimal from the incremental parser
-        f = float(v)
-    except (TypeError, ValueError, ArithmeticError):
-        return None
-    return int(f) if f == f and abs(f) < 2**63 and f == int(f) else None
+    return None
 
 
 def args_json(args: dict[str, Any], promoted: frozenset[str]) -> str | None:

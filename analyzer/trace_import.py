@@ -105,18 +105,23 @@ def import_traces(paths: list[Path], run_dir: Path, *, keep_raw: bool = False,
         except OSError as e:
             raise TraceError(f"cannot create run directory {run_dir}: {e.strerror or e}") \
                 from e
-        results = [_place(run_dir, path, out, info, keep_raw) for path, out, info in staged]
+        seen: dict[int, set[str]] = {}  # per rank: trace_ids in the run (read once)
+        results = [_place(run_dir, path, out, info, keep_raw, seen)
+                   for path, out, info in staged]
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     _ensure_run(run_dir, (r["rank"] for r in results))
     return results
 
 
-def _place(run_dir: Path, path: Path, part: Path, info: Any, keep_raw: bool
-           ) -> dict[str, Any]:
+def _place(run_dir: Path, path: Path, part: Path, info: Any, keep_raw: bool,
+           seen: dict[int, set[str]]) -> dict[str, Any]:
+    """Move one staged part into the run (unless its trace is already there)."""
     rank = info.rank
     ev_dir = run_dir / "trace_events" / f"rank={rank}"
-    have = _existing_trace_ids(ev_dir)
+    if rank not in seen:
+        seen[rank] = _existing_trace_ids(ev_dir)
+    have = seen[rank]
     gpu, steps = _counts(part)
     result: dict[str, Any] = {"path": str(path), "trace_id": info.trace_id, "rank": rank,
                               "events": info.events, "gpu_events": gpu, "steps": steps,
@@ -134,6 +139,7 @@ def _place(run_dir: Path, path: Path, part: Path, info: Any, keep_raw: bool
             _keep_raw(run_dir, path, rank, info.digest)
     except OSError as e:
         raise TraceError(f"cannot write into {run_dir}: {e.strerror or e}") from e
+    have.add(info.trace_id)
     return result
 
 

@@ -260,14 +260,14 @@ class Ingested:
     """12 hex digits of the SHA-1 of the decompressed trace (names the raw copy)."""
 
 
-def stream_events(path: Path, out: Path, *, limits: Limits | None = None
-                  ) -> tuple[Ingested, pa.RecordBatch | None]:
+def stream_events(path: Path, out: Path, *, rank: int | None = None,
+                  limits: Limits | None = None) -> tuple[Ingested, pa.RecordBatch | None]:
     """First pass: ``path``'s complete events, in batches. A trace of more than IN_MEMORY
     events goes into the Parquet file ``out`` (FIRST_PASS columns) and None is returned with
     its info; a smaller one stays in memory and is returned as one record batch (the second
     pass is then done in numpy: a small trace does not pay DuckDB's start-up). The fast
     path (:mod:`.trace_chunks`, orjson on chunks) is tried first; a trace it cannot cut is
-    read again with ijson."""
+    read again with ijson. ``rank``: as for :func:`rank_of_trace`."""
     for fast in (True, False):
         reader = GuardedReader(path, limits or Limits())
         try:
@@ -282,8 +282,8 @@ def stream_events(path: Path, out: Path, *, limits: Limits | None = None
             and b'"traceEvents"' not in reader.tail:
         raise TraceError(f"trace {path} has no 'traceEvents' list; not a Chrome/Kineto trace")
     digest = reader.sha.hexdigest()[:12]
-    info = Ingested(trace_id=trace_id(path, meta, digest), rank=rank_of_trace(path, meta),
-                    events=n, meta=meta, digest=digest)
+    info = Ingested(trace_id=trace_id(path, meta, digest),
+                    rank=rank_of_trace(path, meta, rank), events=n, meta=meta, digest=digest)
     return info, last
 
 
@@ -373,6 +373,8 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
 
 
 def rank_of_trace(path: Path, meta: dict[str, Any], rank: int | None = None) -> int:
+    """``rank`` when given, else the trace's ``distributedInfo.rank``, else 0; TraceError
+    when it is out of range."""
     if rank is None:
         dist = meta.get("distributedInfo")
         rank = to_int(dist.get("rank")) if isinstance(dist, dict) else None
@@ -390,8 +392,7 @@ def ingest(path: Path, out: Path, *, rank: int | None = None, limits: Limits | N
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="tracealyze-ingest-", dir=tmp_dir) as td:
         first = Path(td) / "events.parquet"
-        info, small = stream_events(path, first, limits=limits)
-        info.rank = rank_of_trace(path, info.meta, rank)
+        info, small = stream_events(path, first, rank=rank, limits=limits)
         if small is not None:
             pq.write_table(finish_in_memory(small, info.trace_id), out, compression="zstd")
         else:
