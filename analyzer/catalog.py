@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tracealyze.format.parts import (
     RANK_FILE_RE,
@@ -62,7 +62,29 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise RunDirError(str(e)) from None
 
 
-class Run:
+class Views:
+    """A DuckDB connection with the run views (one run's, or several runs'): read-only
+    ``query``, and ``close`` / ``with``."""
+
+    con: Any = None  # duckdb.DuckDBPyConnection
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one read-only SQL statement; ``(column names, rows)``. QueryError on failure."""
+        return read_query(self.con, sql)
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.close()
+            self.con = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Run(Views):
     """An opened run directory. Use :func:`open_run`; close with ``.close()`` or ``with``."""
 
     def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
@@ -132,10 +154,6 @@ class Run:
             out.append((name, cols, int(count)))
         return out
 
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run one read-only SQL statement; ``(column names, rows)``. QueryError on failure."""
-        return read_query(self.con, sql)
-
     def table_ranks(self, table: str) -> list[int]:
         """Ranks that have readable parts of ``table`` (from the file layout: no scan)."""
         out = {rank_of(f.parent.name) for f in self.files.get(table, [])}
@@ -144,17 +162,6 @@ class Run:
     def row_count(self, table: str) -> int:
         (n,) = self.con.execute(f"SELECT count(*) FROM {table}").fetchone()
         return int(n)
-
-    def close(self) -> None:
-        if self.con is not None:
-            self.con.close()
-            self.con = None
-
-    def __enter__(self) -> Run:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Run({str(self.run_dir)!r}, status={self.status!r}, ranks={self.ranks})"

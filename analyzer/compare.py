@@ -205,11 +205,7 @@ def render_text(result: Mapping[str, Any]) -> str:
         if m["significant"]:
             worse = (m["new"] > m["base"]) if m["better"] == "lower" else (m["new"] < m["base"])
             mark = "worse" if worse else "better"
-        if m["change_pct"] is not None:
-            change = f"{m['change_pct']:+.1f}%"
-        else:
-            change = "" if m["base"] is None or m["new"] is None or m["base"] == m["new"] \
-                else "from 0"
+        change = change_text(m)
         lines.append(f"{m['name']:36} {_fmt(m['base']):>14} {_fmt(m['new']):>14} "
                      f"{change:>9}  {mark}")
     lines += _kernel_lines(result)
@@ -226,6 +222,14 @@ def render_text(result: Mapping[str, Any]) -> str:
 
 
 TEXT_ROWS = 12
+
+
+def change_text(m: Mapping[str, Any]) -> str:
+    """A metric's relative change as shown: ``+19.0%``; ``from 0`` when the base was zero;
+    empty when there is nothing to compare or nothing changed."""
+    if m["change_pct"] is not None:
+        return f"{m['change_pct']:+.1f}%"
+    return "" if m["base"] is None or m["new"] is None or m["base"] == m["new"] else "from 0"
 
 
 def _kernel_lines(result: Mapping[str, Any]) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .catalog import Run, open_run
-from .compare import compare_runs
+from .compare import change_text, compare_runs
 from .compare_charts import compare_charts
 from .errors import ReportError, TracealyzeError
 from .report import render, write_atomic
@@ -66,11 +66,9 @@ def metric_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             cls, verdict = "minor", f"below {result['threshold_pct']:g}%"
         else:
             cls, verdict = "same", "within noise"
-        c = m["change_pct"]
-        change = f"{c:+.1f}%" if c is not None else (
-            "" if m["base"] == m["new"] or None in (m["base"], m["new"]) else "from 0")
         rows.append({"name": m["name"], "base": fmt_metric(m["name"], m["base"]),
-                     "new": fmt_metric(m["name"], m["new"]), "change": change, "cls": cls,
+                     "new": fmt_metric(m["name"], m["new"]), "change": change_text(m),
+                     "cls": cls,
                      "verdict": verdict, "better": m["better"], "test": m.get("test", "")})
     return rows
 

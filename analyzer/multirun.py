@@ -15,31 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .catalog import Run, build_views, new_connection, read_query, scan_run
+from .catalog import Run, Views, build_views, new_connection, scan_run
 from .errors import RunDirError
 
 
-class RunSet:
+class RunSet(Views):
     """Runs opened together; ``.query(sql)`` sees every view with a ``run_id`` column.
     Close with ``.close()`` or ``with``."""
 
     def __init__(self, runs: list[Run], run_ids: list[str], con: Any) -> None:
         self.runs, self.run_ids, self.con = runs, run_ids, con
-
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run one read-only SQL statement; ``(column names, rows)``. QueryError on failure."""
-        return read_query(self.con, sql)
-
-    def close(self) -> None:
-        if self.con is not None:
-            self.con.close()
-            self.con = None
-
-    def __enter__(self) -> RunSet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _ids(runs: list[Run]) -> list[str]:
