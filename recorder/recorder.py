@@ -368,8 +368,7 @@ class Recorder(StepLifecycle):
         heartbeat. A shape read only: no device sync, nothing copied."""
         n = batch_size_of(batch)
         if n is not None:
-            for meta in (self._rundir.meta, self._rundir.rank_meta):
-                meta.setdefault("data", {})["batch_size"] = n
+            self._rundir.note(data={"batch_size": n})
 
     def _counters(self) -> dict[str, Any]:
         # (the writer's first flush can come before its constructor returned to us)

@@ -28,6 +28,7 @@ class RunDir:
                  model: nn.Module | None) -> None:
         self.path = d = path
         self.rank = rank
+        self.notes: dict[str, Any] = {}  # fields for the next write, from any thread
         if d.exists() and not d.is_dir():
             raise ValueError(f"run_dir {str(d)!r} exists and is not a directory")
         run_json = d / "run.json"
@@ -101,12 +102,18 @@ class RunDir:
             except OSError:
                 pass
 
+    def note(self, **fields: Any) -> None:
+        """Add ``fields`` to this rank's file and run.json at the next write. Callable from
+        the training thread while the writer thread writes: the dict is replaced, never
+        changed, and only ``write`` (writer thread) touches the metadata it serialises."""
+        self.notes = {**self.notes, **fields}
+
     def write(self, counters: dict[str, Any], status: str | None = None) -> None:
         """Rewrite this rank's file (and run.json on rank 0): the heartbeat, the counters,
         and at close the final ``status``."""
         now = time.time()
         self.adopt_run_id()
-        fields: dict[str, Any] = {"heartbeat": now, "counters": counters}
+        fields: dict[str, Any] = {"heartbeat": now, "counters": counters, **self.notes}
         if status is not None:
             fields.update(status=status, ended=now)
         self.rank_meta.update(fields)
