@@ -67,13 +67,25 @@ act AS (
     LEFT JOIN launch l
         ON l.rank = a.rank AND l.trace_id = a.trace_id AND l.correlation = a.correlation
     WHERE a.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND a.dur_us IS NOT NULL
-      AND (coalesce(st.n_steps, 0) < 2 OR l.launch_ts <= st.last_end)
+      AND {{keep}}
 )
 """
 
+# HTA's temporal breakdown cuts the trace after its last ProfilerStep; its idle, overlap and
+# launch analyses read the whole trace.
+LAST_STEP_CUT = "(coalesce(st.n_steps, 0) < 2 OR l.launch_ts <= st.last_end)"
+
+
+def activity_sql(cut_after_last_step: bool = True) -> str:
+    """The ``WITH ... act AS (...)`` prefix: GPU activity per rank and trace, times relative
+    to the trace start, kernel type in ``ktype`` (``cut_after_last_step``: as the temporal
+    breakdown, else every GPU event of the trace)."""
+    return _ACTIVITY_SQL.replace("{keep}", LAST_STEP_CUT if cut_after_last_step else "TRUE")
+
+
 # Union length of intervals per (rank, trace_id, grp): sort by start; an interval opens a new
 # merged block when it starts after every earlier interval has ended.
-_UNION_SQL = """
+UNION_SQL = """
 , keyed AS ({keyed}),
 o AS (
     SELECT *, max(e) OVER (PARTITION BY rank, trace_id, part, k ORDER BY s, e
@@ -141,8 +153,8 @@ def _breakdown(con: duckdb.DuckDBPyConnection, part: str, where: str = "TRUE") -
         f"WHERE ktype = 'computation' AND {where}"
     )
     sql = (
-        _ACTIVITY_SQL
-        + _UNION_SQL.format(keyed=keyed)
+        activity_sql()
+        + UNION_SQL.format(keyed=keyed)
         + """
 , per_trace AS (
     SELECT b.rank, b.trace_id, b.part,
@@ -192,8 +204,8 @@ def kernel_breakdown(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         "UNION ALL SELECT rank, trace_id, 0 AS part, ktype AS k, s, e FROM act"
     )
     sql = (
-        _ACTIVITY_SQL
-        + _UNION_SQL.format(keyed=keyed)
+        activity_sql()
+        + UNION_SQL.format(keyed=keyed)
         + """
 , counts AS (SELECT rank, ktype AS k, count(*) AS n FROM act GROUP BY ALL),
 per_rank AS (SELECT rank, k, sum(union_us) AS us FROM unions GROUP BY ALL)

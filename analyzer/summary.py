@@ -87,9 +87,9 @@ def _gpu_time(run: Run) -> list[dict[str, Any]] | None:
     ).fetchone()
     if not n:
         return None
-    from .gputime import gpu_time_breakdown
+    from .gpu_summary import gpu_time_rows
 
-    return list(gpu_time_breakdown(run.con))
+    return gpu_time_rows(run.con)
 
 
 def build_summary(run: Run | str | Path, overrides: Any = None, *,

@@ -56,8 +56,40 @@ def one_mode() -> dict:
                 # HTA splits busy time into exclusive and overlapping kernel-type labels.
                 "kernel_type_us": {r["kernel_type"]: float(r["sum"])
                                    for r in kt.to_dict(orient="records")},
+                **_analyses(ta),
             }
     return out
+
+
+def _analyses(ta) -> dict:  # noqa: ANN001 - hta's TraceAnalysis
+    """HTA's idle-time breakdown, comm/comp overlap and launch stats on every rank."""
+    ranks = sorted(int(r) for r in ta.t.traces)
+    overlap = ta.get_comm_comp_overlap(visualize=False)
+    idle, _ = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
+    launch = ta.get_cuda_kernel_launch_stats(ranks=ranks, visualize=False)
+    streams: dict = {}
+    for r in idle.to_dict(orient="records"):
+        key = f"{int(r['rank'])}/{int(r['stream'])}"
+        streams.setdefault(key, {})[f"{r['idle_category']}_us"] = float(r["idle_time"])
+    return {
+        # HTA's column is named a percentage; NaN (no communication) becomes None
+        "comm_comp_overlap_pct": {
+            str(int(r["rank"])): (None if r["comp_comm_overlap_pctg"] != r["comp_comm_overlap_pctg"]
+                                  else float(r["comp_comm_overlap_pctg"]))
+            for r in overlap.to_dict(orient="records")
+        },
+        "idle_breakdown": streams,
+        "launch": {
+            str(rank): {
+                "kernels": len(df),
+                "short_kernels": int(((df.cpu_duration <= 50)
+                                      & (df.gpu_duration < df.cpu_duration)).sum()),
+                "runtime_outliers": int((df.cpu_duration > 50).sum()),
+                "launch_delay_outliers": int((df.launch_delay > 100).sum()),
+            }
+            for rank, df in launch.items()
+        },
+    }
 
 
 def main() -> None:
@@ -73,7 +105,8 @@ def main() -> None:
             "GPU time breakdown of the fixture traces computed by HolisticTraceAnalysis "
             f"{version('HolisticTraceAnalysis')} (TraceAnalysis(include_last_profiler_step=True)"
             ".get_temporal_breakdown / get_gpu_kernel_breakdown(include_memory_kernels=True)) "
-            "with pandas " + version("pandas") + ", by tests/data/traces/make_hta_reference.py. "
+            "and get_idle_time_breakdown / get_comm_comp_overlap / get_cuda_kernel_launch_stats "
+            "(defaults, all ranks) with pandas " + version("pandas") + ", by tests/data/traces/make_hta_reference.py. "
             "'hta' is HTA as shipped (ns timestamps rounded inwards to whole us); "
             "'hta_exact' is HTA with HTA_DISABLE_NS_ROUNDING=1."
         ),

@@ -1,0 +1,91 @@
+"""Idle time of each GPU stream, split by cause (Holistic Trace Analysis 0.5's
+``get_idle_time_breakdown``, on every rank instead of rank 0 only).
+
+Per stream, the GPU events (cat ``kernel``, ``gpu_memcpy``, ``gpu_memset``) are taken in start
+order; the gap before each one (its start minus the end of what ran before it on that stream)
+is idle time of one kind:
+
+* ``host_wait``: the host called the launch (the ``cuda_runtime``/``cuda_driver`` event with
+  the same ``correlation``) only after the stream had gone idle — the CPU did not enqueue
+  work fast enough;
+* ``kernel_wait``: otherwise, a gap shorter than ``consecutive_kernel_delay_us`` (30 us, as
+  HTA) — the cost of launching back-to-back small kernels;
+* ``other``: the rest (e.g. waiting on an event from another stream).
+
+As HTA this reads the whole trace (no cut after the last ProfilerStep). One difference: "what
+ran before" is the latest end among all earlier events of the stream, not only the previous
+one, so an event overlapping its predecessor never makes a negative gap. (No trace we have
+seen overlaps events on one stream; on them the two agree.) A rank's figures are the sums
+over its traces; per step, a gap counts in the step of the event that ends it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from .gputime import has_trace_events
+
+KERNEL_DELAY_US = 30.0
+
+_SQL = """
+WITH t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM trace_events GROUP BY ALL),
+rt AS (
+    SELECT rank, trace_id, correlation, min(ts_us) AS rts FROM trace_events
+    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+    GROUP BY ALL
+),
+k AS (
+    -- relative to the trace start: epoch-us floats of ns traces resolve only 0.25 us
+    SELECT a.rank, a.trace_id, a.step, a.stream,
+        a.ts_us - z.t0 AS s, (a.ts_us - z.t0) + a.dur_us AS e, r.rts - z.t0 AS launched
+    FROM trace_events a
+    JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
+    LEFT JOIN rt r ON r.rank = a.rank AND r.trace_id = a.trace_id
+                  AND r.correlation = a.correlation
+    WHERE a.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND a.dur_us IS NOT NULL
+      AND a.stream IS NOT NULL AND a.stream <> -1
+),
+g AS (
+    SELECT *, max(e) OVER (PARTITION BY rank, trace_id, stream ORDER BY s, e
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    FROM k
+),
+c AS (
+    SELECT rank, {part} AS part, stream, coalesce(greatest(s - prev_end, 0), 0) AS gap,
+        CASE WHEN launched > prev_end THEN 'host_wait'
+             WHEN s - prev_end < ? THEN 'kernel_wait'
+             ELSE 'other' END AS kind
+    FROM g WHERE {where}  -- a stream's first event has no gap, but lists the stream
+)
+SELECT rank, part, stream,
+    coalesce(sum(gap) FILTER (WHERE kind = 'host_wait'), 0),
+    coalesce(sum(gap) FILTER (WHERE kind = 'kernel_wait'), 0),
+    coalesce(sum(gap) FILTER (WHERE kind = 'other'), 0)
+FROM c GROUP BY ALL ORDER BY rank, part, stream
+"""
+
+
+def idle_breakdown(con: duckdb.DuckDBPyConnection, *, by_step: bool = False,
+                   consecutive_kernel_delay_us: float = KERNEL_DELAY_US) -> list[dict[str, Any]]:
+    """Per rank (and ``step`` with ``by_step``) and stream:
+    ``{"rank", "stream", "host_wait_us", "kernel_wait_us", "other_us"}``.
+
+    Sorted by rank, step, stream; empty without GPU events. With ``by_step``, events launched
+    outside any ProfilerStep are left out.
+    """
+    if not has_trace_events(con):
+        return []
+    part, where = ("step", "step IS NOT NULL") if by_step else ("0", "TRUE")
+    sql = _SQL.replace("{part}", part).replace("{where}", where)
+    out = []
+    for rank, p, stream, host, kernel, other in con.execute(
+            sql, [float(consecutive_kernel_delay_us)]).fetchall():
+        row: dict[str, Any] = {"rank": int(rank)}
+        if by_step:
+            row["step"] = int(p)
+        row.update(stream=int(stream), host_wait_us=round(float(host), 3),
+                   kernel_wait_us=round(float(kernel), 3), other_us=round(float(other), 3))
+        out.append(row)
+    return out

@@ -1,0 +1,84 @@
+"""Kernel launch statistics (Holistic Trace Analysis 0.5's ``get_cuda_kernel_launch_stats``,
+on every rank instead of rank 0 only, and per profiled step).
+
+Each launch call (``cudaLaunchKernel``, ``cudaLaunchKernelExC``, ``cudaMemcpyAsync``,
+``cudaMemsetAsync``, as HTA; and, unlike HTA, their HIP counterparts, so ROCm traces are not
+reported as launching nothing) is joined by ``correlation`` to the GPU event it started:
+
+* ``kernels``: launches with their GPU event in the trace;
+* ``short_kernels``: GPU time shorter than its launch call, where the call itself took at
+  most ``runtime_cutoff_us`` (50 us) — kernels too small to pay for their launch;
+* ``runtime_outliers``: launch calls longer than ``runtime_cutoff_us``;
+* ``launch_delay_outliers``: GPU start − launch call end (clipped at 0) over
+  ``launch_delay_cutoff_us`` (100 us) — the queue in front of the GPU;
+* ``launch_delay_p50_us`` / ``launch_delay_p99_us``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+
+from .gputime import has_trace_events
+
+RUNTIME_CUTOFF_US = 50.0
+LAUNCH_DELAY_CUTOFF_US = 100.0
+LAUNCH_CALLS = (
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync",
+    "hipLaunchKernel", "hipExtLaunchKernel", "hipExtModuleLaunchKernel",
+    "hipModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync",
+)
+
+_SQL = """
+WITH t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM trace_events GROUP BY ALL),
+calls AS (
+    SELECT a.rank, a.trace_id, a.step, a.correlation, a.ts_us - z.t0 AS s, a.dur_us AS d
+    FROM trace_events a JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
+    WHERE a.name IN ({names}) AND a.correlation IS NOT NULL
+      AND (a.stream IS NULL OR a.stream = -1)
+),
+gpu AS (
+    SELECT a.rank, a.trace_id, a.correlation, a.ts_us - z.t0 AS s, a.dur_us AS d
+    FROM trace_events a JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
+    WHERE a.stream IS NOT NULL AND a.stream <> -1 AND a.correlation IS NOT NULL
+),
+j AS (
+    SELECT c.rank, {part} AS part, c.d AS cpu_us, g.d AS gpu_us,
+        greatest(g.s - c.s - c.d, 0) AS delay
+    FROM calls c JOIN gpu g
+      ON g.rank = c.rank AND g.trace_id = c.trace_id AND g.correlation = c.correlation
+    WHERE {where}
+)
+SELECT rank, part, count(*),
+    count(*) FILTER (WHERE cpu_us <= $runtime AND gpu_us < cpu_us),
+    count(*) FILTER (WHERE cpu_us > $runtime),
+    count(*) FILTER (WHERE delay > $delay),
+    quantile_cont(delay, 0.5), quantile_cont(delay, 0.99)
+FROM j GROUP BY ALL ORDER BY rank, part
+"""
+
+
+def launch_stats(con: duckdb.DuckDBPyConnection, *, by_step: bool = False,
+                 runtime_cutoff_us: float = RUNTIME_CUTOFF_US,
+                 launch_delay_cutoff_us: float = LAUNCH_DELAY_CUTOFF_US) -> list[dict[str, Any]]:
+    """Per rank (and ``step`` with ``by_step``, the launching call's step) that launches:
+    ``{"rank", "kernels", "short_kernels", "runtime_outliers", "launch_delay_outliers",
+    "launch_delay_p50_us", "launch_delay_p99_us"}``. Sorted."""
+    if not has_trace_events(con):
+        return []
+    part, where = ("c.step", "c.step IS NOT NULL") if by_step else ("0", "TRUE")
+    names = ", ".join(f"'{n}'" for n in LAUNCH_CALLS)
+    sql = _SQL.replace("{names}", names).replace("{part}", part).replace("{where}", where)
+    params = {"runtime": float(runtime_cutoff_us), "delay": float(launch_delay_cutoff_us)}
+    out = []
+    for rank, p, n, short, rt_out, delay_out, p50, p99 in con.execute(sql, params).fetchall():
+        row: dict[str, Any] = {"rank": int(rank)}
+        if by_step:
+            row["step"] = int(p)
+        row.update(kernels=int(n), short_kernels=int(short), runtime_outliers=int(rt_out),
+                   launch_delay_outliers=int(delay_out),
+                   launch_delay_p50_us=round(float(p50), 3),
+                   launch_delay_p99_us=round(float(p99), 3))
+        out.append(row)
+    return out
