@@ -18,6 +18,7 @@ from .catalog import Run, open_run
 from .causality import link
 from .coverage import not_checked
 from .findings import SEVERITIES, Finding, severity_rank
+from .rank_groups import fold_per_rank, rank_ranges
 
 SUMMARY_SCHEMA_VERSION = 1
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -59,7 +60,7 @@ def analyze(run: Run, overrides: Any = None, *,
         except Exception as e:  # one detector's bug must not hide the others' findings
             findings.append(_failure(mod.ID, "raised an exception", e))
             continue
-        findings.extend(found)
+        findings.extend(fold_per_rank(list(found), getattr(mod, "RANK_KEY", None)))
     return link(findings)
 
 
@@ -146,7 +147,7 @@ def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
     ranks = run.get("ranks") or []
     status = "killed" if run.get("killed") else run.get("status")
     lines = [f"run {run.get('run_id') or '?'}  status={status}  "
-             f"steps={run.get('steps')}  ranks={len(ranks)} ({','.join(map(str, ranks)) or '-'})"]
+             f"steps={run.get('steps')}  ranks={len(ranks)} ({rank_ranges(ranks) or '-'})"]
     findings = summary.get("findings", [])
     counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
     gaps = summary.get("not_checked") or []
@@ -174,13 +175,36 @@ def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
         lines.extend(wrap.wrap(f["message"]))
         if f.get("advice"):
             lines.extend(wrap.wrap("Try: " + f["advice"]))
-    for g in summary.get("gpu_time", []) or []:
-        total = g.get("total_us") or 0
-        if total:
-            lines.append("")
-            lines.append(
-                f"GPU time rank {g.get('rank')}: total {total / 1e3:.1f} ms, idle "
-                f"{100 * (g.get('idle_us') or 0) / total:.1f}%, compute "
-                f"{100 * (g.get('compute_us') or 0) / total:.1f}%, non-compute "
-                f"{100 * (g.get('non_compute_us') or 0) / total:.1f}%")
+    lines.extend(_gpu_time_text(summary.get("gpu_time") or []))
     return "\n".join(lines)
+
+
+def _pct_of(g: Mapping[str, Any], key: str) -> float:
+    total = g.get("total_us") or 0
+    return 100 * (g.get(key) or 0) / total if total else 0.0
+
+
+def _gpu_time_text(gpu: list[Mapping[str, Any]]) -> list[str]:
+    """One line per rank; past 8 ranks, the spread over ranks and the ranks at its ends."""
+    gpu = [g for g in gpu if g.get("total_us")]
+    if not gpu:
+        return []
+    if len(gpu) <= 8:
+        out = []
+        for g in gpu:
+            overlap = g.get("comm_comp_overlap_pct")
+            out += ["", f"GPU time rank {g.get('rank')}: total {g['total_us'] / 1e3:.1f} ms, "
+                        f"idle {_pct_of(g, 'idle_us'):.1f}%, compute "
+                        f"{_pct_of(g, 'compute_us'):.1f}%, non-compute "
+                        f"{_pct_of(g, 'non_compute_us'):.1f}%"
+                        + (f", comm/compute overlap {overlap:.1f}%" if overlap is not None
+                           else "")]
+        return out
+    out = ["", f"GPU time over {len(gpu)} ranks (min / median / max, rank at each end):"]
+    for key, label in (("idle_us", "idle"), ("compute_us", "compute"),
+                       ("non_compute_us", "non-compute")):
+        ranked = sorted(gpu, key=lambda g: _pct_of(g, key))
+        lo, mid, hi = ranked[0], ranked[len(ranked) // 2], ranked[-1]
+        out.append(f"  {label:12} {_pct_of(lo, key):5.1f}% (rank {lo['rank']}) / "
+                   f"{_pct_of(mid, key):5.1f}% / {_pct_of(hi, key):5.1f}% (rank {hi['rank']})")
+    return out

@@ -4,12 +4,16 @@ trace_id, its rank) ever becomes a path outside the run directory."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,11 @@ from tracealyze.format.runmeta import new_run_meta
 
 from .errors import TraceError
 from .trace_fields import GPU_ACTIVITY_CATS, trace_stem
-from .trace_stream import Limits, ingest
+from .trace_ranks import trace_files
+from .trace_stream import Ingested, Limits, ingest
+
+Progress = Callable[[int, int, Path, Ingested], None]
+"""``progress(done, total, path, info)``, called as each trace has been read."""
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -78,9 +86,62 @@ def _staging(run_dir: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=".tracealyze-import-", dir=parent))
 
 
+def default_jobs() -> int:
+    """Traces read at once: each reader holds a fixed ~0.5 GB buffer, so at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _stage_all(paths: list[Path], stage: Path, limits: Limits | None, jobs: int,
+               progress: Progress | None) -> list[Ingested]:
+    """Stream every trace into ``stage/<k>.parquet``, ``jobs`` processes at a time."""
+    outs = [stage / f"{k}.parquet" for k in range(len(paths))]
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file and not Path(main_file).is_file():  # python - < script: spawn cannot start
+        jobs = 1
+    if jobs > 1 and len(paths) > 1:
+        try:
+            return _stage_parallel(paths, outs, stage, limits, jobs, progress)
+        except BrokenProcessPool:  # a reader died (killed, out of memory): once more, alone
+            pass
+    infos = []
+    for k, (p, out) in enumerate(zip(paths, outs, strict=True)):
+        infos.append(ingest(p, out, limits=limits, tmp_dir=stage))
+        if progress:
+            progress(k + 1, len(paths), p, infos[-1])
+    return infos
+
+
+def _stage_parallel(paths: list[Path], outs: list[Path], stage: Path, limits: Limits | None,
+                    jobs: int, progress: Progress | None) -> list[Ingested]:
+    # spawn, not fork: the caller may hold DuckDB connections (threads) that fork would copy
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(paths)), mp_context=ctx) as ex:
+        futures = {ex.submit(ingest, p, out, limits=limits, tmp_dir=stage): k
+                   for k, (p, out) in enumerate(zip(paths, outs, strict=True))}
+        infos: list[Ingested | None] = [None] * len(paths)
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:  # one bad trace imports nothing: stop now
+                    for other in pending:
+                        other.cancel()
+                    raise f.exception()
+                k = futures[f]
+                infos[k] = f.result()
+                if progress:
+                    progress(sum(i is not None for i in infos), len(paths), paths[k], infos[k])
+    return [i for i in infos if i is not None]
+
+
 def import_traces(paths: list[Path], run_dir: Path, *, keep_raw: bool = False,
-                  limits: Limits | None = None) -> list[dict[str, Any]]:
+                  limits: Limits | None = None, jobs: int | None = None,
+                  progress: Progress | None = None) -> list[dict[str, Any]]:
     """Import profiler traces into ``run_dir`` (``tracealyze import-trace``).
+
+    ``paths`` are trace files or directories of them (one trace per rank and profiling
+    window, as ``tensorboard_trace_handler`` writes; see :mod:`.trace_ranks` for how a trace's
+    rank is found). ``jobs`` traces are read at once (default :func:`default_jobs`).
 
     Every trace is streamed first into a scratch folder (so one bad file imports nothing
     and raises :class:`TraceError`), then each becomes a
@@ -94,12 +155,13 @@ def import_traces(paths: list[Path], run_dir: Path, *, keep_raw: bool = False,
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise TraceError(f"{run_dir} exists and is not a directory")
+    files = trace_files(paths)
     stage = _staging(run_dir)
     try:
-        staged = []
-        for k, p in enumerate(paths):
-            out = stage / f"{k}.parquet"
-            staged.append((Path(p), out, ingest(Path(p), out, limits=limits, tmp_dir=stage)))
+        infos = _stage_all(files, stage, limits, default_jobs() if jobs is None else jobs,
+                           progress)
+        staged = [(p, stage / f"{k}.parquet", info)
+                  for k, (p, info) in enumerate(zip(files, infos, strict=True))]
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:

@@ -25,6 +25,7 @@ import gc
 import gzip
 import hashlib
 import io
+import json
 import tempfile
 import zlib
 from collections.abc import Iterator
@@ -34,7 +35,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tracealyze.format.parts import MAX_RANK
 
 from .arrow_build import floats, ints, strings
 from .errors import TraceError
@@ -49,6 +49,7 @@ from .trace_fields import (
     to_int,
     trace_id,
 )
+from .trace_ranks import rank_of_trace
 from .trace_steps import assign_steps, finish_in_memory
 
 BATCH = 16_384
@@ -153,13 +154,17 @@ def edge_meta(head: bytes, tail: bytes) -> dict[str, Any]:
     cut = head.find(b'"traceEvents"')
     if cut >= 0:  # (not the events themselves: only what comes before them)
         head = head[:cut]
-    try:
-        for key, value in ijson.kvitems(io.BytesIO(bytes(head)), "", use_float=True):
-            if key == "traceEvents":
-                break
-            meta[key] = value
-    except ijson.JSONError:  # the head ends inside traceEvents (or a big value): that's all
-        pass
+    try:  # '{"schemaVersion": 1, "distributedInfo": {...}, ' closed into a whole object
+        whole = json.loads(bytes(head).rstrip().rstrip(b",") + b"}")
+        meta.update(whole if isinstance(whole, dict) else {})
+    except ValueError:  # no traceEvents in the head, or a key after it: read what parses
+        try:
+            for key, value in ijson.kvitems(io.BytesIO(bytes(head)), "", use_float=True):
+                if key == "traceEvents":
+                    break
+                meta[key] = value
+        except ijson.JSONError:  # the head ends inside a value: that's all
+            pass
     for key in ("distributedInfo", "trace_id"):
         if key in meta:
             continue
@@ -370,19 +375,6 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
         if writer is not None:
             writer.close()
     return n, last, array_form
-
-
-def rank_of_trace(path: Path, meta: dict[str, Any], rank: int | None = None) -> int:
-    """``rank`` when given, else the trace's ``distributedInfo.rank``, else 0; TraceError
-    when it is out of range."""
-    if rank is None:
-        dist = meta.get("distributedInfo")
-        rank = to_int(dist.get("rank")) if isinstance(dist, dict) else None
-        rank = rank if rank is not None else 0
-    if not 0 <= rank <= MAX_RANK:
-        raise TraceError(f"trace {path} has rank {rank}: a rank must be between 0 and "
-                         f"{MAX_RANK}")
-    return rank
 
 
 def ingest(path: Path, out: Path, *, rank: int | None = None, limits: Limits | None = None,

@@ -15,6 +15,7 @@ from ..findings import Finding
 from ..gputime import gpu_time_breakdown, gpu_time_by_step
 
 ID = "gpu_idle"
+RANK_KEY = "idle_pct"  # folded per rank on many-rank jobs by this (rank_groups)
 
 DEFAULTS: dict[str, Any] = {
     "max_idle_pct": 20.0,

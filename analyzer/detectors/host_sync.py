@@ -27,6 +27,7 @@ from .. import anchors
 from ..findings import Finding
 
 ID = "host_sync"
+RANK_KEY = "blocked_pct"  # folded per rank on many-rank jobs by this (rank_groups)
 
 DEFAULTS: dict[str, Any] = {
     # More sync points than this per profiled step is a warning (one .item() for logging

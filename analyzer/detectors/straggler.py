@@ -4,10 +4,15 @@ In synchronous data parallel training the ranks' step times equalise at the coll
 the slow rank shows in what differs: its own step time when ranks are not synchronised, or
 its data wait / the others' wait. Both are compared per step, rank against the median of
 the other ranks.
+
+From profiler traces of several ranks (``trace_stragglers``): ranks that reach their
+collectives late in most profiled steps. When the recorder's step times and the traces name
+the same rank, one finding carries both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +20,8 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
+from ..gputime import has_trace_events
+from ..trace_stragglers import collective_lateness, trace_stragglers
 from . import _data
 from .base import Context
 
@@ -25,13 +32,20 @@ DEFAULTS: dict[str, Any] = {
     "min_wait_share": 0.2,     # or its data wait exceeds the others' by this share of a step
     "min_consistency": 0.7,    # and it is slower on ≥ this share of the common steps
     "min_steps": 10,
+    "min_late_share": 0.05,    # traces: reaches its collectives this share of a step late
+    "min_trace_steps": 2,      # in ≥ min_consistency of at least this many profiled steps
+    "min_late_z": 3.0,         # and (≥ 4 ranks) this many robust σ later than the ranks' median
 }
 DOC = {
     "meaning": "One rank is consistently slower than the others and holds everyone back.",
     "rule": "per common step, a rank's compute_s (batch arrival to last gradient, recorded "
             "on distributed runs), else duration_s, else data_wait_s vs the median of the other "
             "ranks: median slowdown ≥ min_rel_slowdown (or extra wait ≥ min_wait_share of the "
-            "step) and slower on ≥ min_consistency of the steps.",
+            "step) and slower on ≥ min_consistency of the steps. From traces of ≥ 2 ranks: "
+            "per profiled step, how late a rank reaches its NCCL kernels (median duration "
+            "over ranks − its own: the last to arrive waits least), as a share of the step: "
+            "≥ min_late_share on ≥ min_consistency of ≥ min_trace_steps steps, and with ≥ 4 "
+            "ranks ≥ min_late_z robust σ above the ranks' median.",
     "fixes": "Check that rank's host/GPU (thermal throttling, other jobs, slower node), its "
              "data shard (bigger samples, slow storage), uneven sharding, CPU affinity.",
 }
@@ -56,7 +70,7 @@ def _aligned(per_rank: dict[int, dict[str, np.ndarray]], col: str, th: Mapping[s
     return ranks, common, m
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     per_rank = _data.steps(ctx)
     if len(per_rank) < 2:
         return []
@@ -103,3 +117,47 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         evidence={"rank": r, "metric": what, "median_s": mine, "others_median_s": theirs,
                   "relative": rel, "consistency": consistent,
                   "stragglers": sorted({x[1] for x in found})})]
+
+
+def _from_traces(ctx: Context, th: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if not has_trace_events(ctx.con):
+        return []
+    rows = ctx.cached("trace_stragglers.collective_lateness",
+                      lambda: collective_lateness(ctx.con))
+    found = trace_stragglers(rows, min_late_share=float(th["min_late_share"]),
+                             min_consistency=float(th["min_consistency"]),
+                             min_z=float(th["min_late_z"]))
+    return [s for s in found if s["steps"] >= int(th["min_trace_steps"])]
+
+
+def _trace_text(s: dict[str, Any]) -> str:
+    return (f"it reaches its collectives {s['median_late_us'] / 1e3:.1f} ms late "
+            f"({100 * s['median_late_share']:.0f}% of the step) in {s['late_steps']} of "
+            f"{s['steps']} profiled steps, so every other rank waits for it there")
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    findings = _from_steps(ctx, th)
+    traced = _from_traces(ctx, th)
+    if not traced:
+        return findings
+    late_ranks = [s["rank"] for s in traced]
+    for i, f in enumerate(findings):  # the recorder and the traces name the same rank
+        s = next((x for x in traced if f"rank {x['rank']}" == f.subject), None)
+        if s is not None:
+            findings[i] = dataclasses.replace(
+                f, message=f"{f.message} Its profiler traces agree: {_trace_text(s)}.",
+                evidence={**f.evidence, "trace": s, "trace_stragglers": late_ranks})
+            return findings
+    s = traced[0]
+    findings.append(Finding(
+        id=ID, severity="warning", subject=f"rank {s['rank']}", first_step=s["first_step"],
+        title=f"Rank {s['rank']} is a straggler (late at its collectives)",
+        message=f"Rank {s['rank']} holds the job back: {_trace_text(s)}."
+                + (f" Also late: ranks {', '.join(map(str, late_ranks[1:11]))}"
+                   + (" …" if len(late_ranks) > 11 else "") + "." if len(late_ranks) > 1
+                   else ""),
+        advice=DOC["fixes"], chart=anchors.GPU_TIME,
+        evidence={"rank": s["rank"], "metric": "collective lateness (traces)", "trace": s,
+                  "stragglers": late_ranks, "trace_stragglers": late_ranks}))
+    return findings
