@@ -30,6 +30,7 @@ from .errors import QueryError, RunDirError, SchemaVersionError
 from .errors import one_line as _one_line
 from .raw_traces import load_raw_traces
 from .schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
+from .view_sql import MANY_RANKS
 from .view_sql import arrow_to_logical as _arrow_to_logical
 from .view_sql import sql_str as _sql_str
 from .view_sql import view_sql as _view_sql
@@ -296,12 +297,29 @@ def new_connection() -> Any:
     # Spill files (rare) go to the temp dir, never next to the run we only read.
     con.execute(f"SET temp_directory = {_sql_str(tempfile.gettempdir())}")
     con.execute("SET enable_progress_bar = false")
+    # Footers read once per file, not once per query (1,024 ranks: every view is 1,024+ files)
+    con.execute("SET parquet_metadata_cache = true")
     # Parquet min/max statistics exclude NaN (as the spec says), but DuckDB prunes with
     # them: `WHERE isnan(loss)`, `loss > 1e300` or `NOT (x < 10)` silently drop the NaN
     # rows of pyarrow-written files (duckdb/duckdb#25521, open). NaN is exactly what this
     # tool looks for, so we trade row-group pruning for correct answers.
     con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
     return con
+
+
+_HELD = ("steps", "memory")
+HELD_ROWS = 5_000_000
+
+
+def _held(con: Any, sql: str, name: str) -> str:
+    """``sql`` read once into a temporary table when it has at most HELD_ROWS rows: with many
+    ranks every query over the files pays for opening each of them again (0.07 s a query
+    at 1,024 ranks), and these small tables are queried dozens of times."""
+    (n,) = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()
+    if n > HELD_ROWS:
+        return sql
+    con.execute(f"CREATE TEMP TABLE {name} AS {sql}")
+    return f"SELECT * FROM {name}"
 
 
 def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
@@ -317,7 +335,10 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
         for table in TABLE_NAMES:
             if table == "trace_events":
                 continue
-            con.execute(f"CREATE VIEW {q}{table} AS {_view_sql(table, valid[table])}")
+            sql = _view_sql(table, valid[table])
+            if table in _HELD and len(run.ranks) > MANY_RANKS:
+                sql = _held(con, sql, f"_held_{schema or 'main'}_{table}")
+            con.execute(f"CREATE VIEW {q}{table} AS {sql}")
         if shards.is_sharded(run.meta):
             shards.combine(con, q)
         tsql = _view_sql("trace_events", valid["trace_events"])

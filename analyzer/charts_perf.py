@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from .charts_ranks import ranks_charts
 from .downsample import bucket_rows, envelopes, num
 from .figures import (
     BLUE,
     GREEN,
     GREY,
     ORANGE,
-    PALETTE,
     PURPLE,
     RED,
     TEAL,
@@ -231,51 +231,6 @@ def _leak_fit(ctx: ReportContext, leak: dict[str, Any], envs: dict[str, Any], fi
             text += " (beyond this chart)"
     text += "."
     return {"traces": fit_traces, "capacity": cap}, text
-
-
-def ranks_charts(ctx: ReportContext) -> list[Chart]:
-    """Per-rank comparison: median step split and step time over the run, when ≥ 2 ranks."""
-    if len(ctx.ranks) < 2:
-        return []
-    rows = ctx.con.execute(
-        "SELECT rank, median(duration_s), median(coalesce(data_wait_s, 0)), "
-        "quantile_cont(duration_s, 0.9), count(*) FROM steps WHERE isfinite(duration_s) "
-        "GROUP BY rank ORDER BY rank").fetchall()
-    if len(rows) < 2:
-        return []
-    mult, unit = time_unit(max(r[1] for r in rows))
-    labels = [f"rank {r[0]}" for r in rows]
-    traces = [
-        {"type": "bar", "name": "data wait (median)", "x": labels,
-         "y": [num(r[2] * mult) for r in rows], "marker": {"color": ORANGE},
-         "hovertemplate": "%{x}<br>data wait %{y:.3g} " + unit + "<extra></extra>"},
-        {"type": "bar", "name": "rest (median)", "x": labels,
-         "y": [num((r[1] - r[2]) * mult) for r in rows], "marker": {"color": BLUE},
-         "hovertemplate": "%{x}<br>other %{y:.3g} " + unit + "<extra></extra>"},
-        {"type": "scatter", "mode": "markers", "name": "p90 step", "x": labels,
-         "y": [num(r[3] * mult) for r in rows],
-         "marker": {"color": RED, "symbol": "line-ew-open", "size": 18, "line": {"width": 2}},
-         "hovertemplate": "%{x}<br>p90 %{y:.3g} " + unit + "<extra></extra>"},
-    ]
-    bars = figure(traces, xtitle="rank", ytitle=f"median step time ({unit})", barmode="stack")
-    slowest = max(rows, key=lambda r: r[1])
-    fastest = min(rows, key=lambda r: r[1])
-    caption = (f"Slowest rank {slowest[0]} median {slowest[1] * mult:.3g} {unit}, fastest rank "
-               f"{fastest[0]} {fastest[1] * mult:.3g} {unit}.")
-    n = max(50, min(500, 4000 // len(rows)))
-    series = bucket_rows(ctx.con, "steps", "step", {"d": "avg(duration_s)"},
-                         where="isfinite(duration_s)", n=n, group="rank")
-    lines = []
-    for i, r in enumerate(rows):
-        pts = [s for s in series if s["g"] == r[0]]
-        lines.append(line([p["x"] for p in pts], [num(p["d"] * mult) for p in pts],
-                          f"rank {r[0]}", PALETTE[i % len(PALETTE)],
-                          hover="step %{x}<br>%{y:.3g} " + unit, width=1.2))
-    shapes, notes = finding_markers(ctx.findings, "ranks")
-    over_time = figure(lines, xtitle="step", ytitle=f"step time ({unit}, average)",
-                       shapes=shapes, annotations=notes)
-    return [Chart("ranks", "Ranks: median step time", bars, caption, wide=False),
-            Chart("ranks-time", "Ranks: step time over the run", over_time, wide=False)]
 
 
 def system_chart(ctx: ReportContext) -> Chart | None:

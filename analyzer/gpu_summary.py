@@ -15,7 +15,7 @@ import duckdb
 
 from .gputime import gpu_time_breakdown, gpu_time_by_step
 from .trace_idle import idle_breakdown
-from .trace_launch import launch_stats
+from .trace_launch import launch_stats_both
 from .trace_overlap import comm_comp_overlap
 
 _LAUNCH_KEYS = ("kernels", "short_kernels", "runtime_outliers", "launch_delay_outliers",
@@ -44,11 +44,12 @@ def gpu_time_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
         return []
     overlap = {r["rank"]: r for r in comm_comp_overlap(con)}
     idle = _by(idle_breakdown(con), "rank")
-    launch = {r["rank"]: r for r in launch_stats(con)}
+    rank_launch, by_step_launch = launch_stats_both(con)
+    launch = {r["rank"]: r for r in rank_launch}
     steps = _by(gpu_time_by_step(con), "rank")
     step_overlap = {(r["rank"], r["step"]): r for r in comm_comp_overlap(con, by_step=True)}
     step_idle = _by(idle_breakdown(con, by_step=True), "rank", "step")
-    step_launch = {(r["rank"], r["step"]): r for r in launch_stats(con, by_step=True)}
+    step_launch = {(r["rank"], r["step"]): r for r in by_step_launch}
     out = []
     for r in rows:
         rank = r["rank"]

@@ -31,31 +31,27 @@ LAUNCH_CALLS = (
 )
 
 _SQL = """
-WITH t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM trace_events GROUP BY ALL),
-calls AS (
-    SELECT a.rank, a.trace_id, a.step, a.correlation, a.ts_us - z.t0 AS s, a.dur_us AS d
-    FROM trace_events a JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
-    WHERE a.name IN ({names}) AND a.correlation IS NOT NULL
-      AND (a.stream IS NULL OR a.stream = -1)
+WITH calls AS (
+    -- no shift to the trace start needed: the difference of two stored timestamps is exact
+    SELECT rank, trace_id, step, correlation, ts_us AS s, dur_us AS d FROM trace_events
+    WHERE name IN ({names}) AND correlation IS NOT NULL AND (stream IS NULL OR stream = -1)
 ),
 gpu AS (
-    SELECT a.rank, a.trace_id, a.correlation, a.ts_us - z.t0 AS s, a.dur_us AS d
-    FROM trace_events a JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
-    WHERE a.stream IS NOT NULL AND a.stream <> -1 AND a.correlation IS NOT NULL
+    SELECT rank, trace_id, correlation, ts_us AS s, dur_us AS d FROM trace_events
+    WHERE stream IS NOT NULL AND stream <> -1 AND correlation IS NOT NULL
 ),
 j AS (
-    SELECT c.rank, {part} AS part, c.d AS cpu_us, g.d AS gpu_us,
+    SELECT c.rank, c.step AS part, c.d AS cpu_us, g.d AS gpu_us,
         greatest(g.s - c.s - c.d, 0) AS delay
     FROM calls c JOIN gpu g
       ON g.rank = c.rank AND g.trace_id = c.trace_id AND g.correlation = c.correlation
-    WHERE {where}
 )
-SELECT rank, part, count(*),
+SELECT rank, part, grouping(part) AS whole, count(*),
     count(*) FILTER (WHERE cpu_us <= $runtime AND gpu_us < cpu_us),
     count(*) FILTER (WHERE cpu_us > $runtime),
     count(*) FILTER (WHERE delay > $delay),
     quantile_cont(delay, 0.5), quantile_cont(delay, 0.99)
-FROM j GROUP BY ALL ORDER BY rank, part
+FROM j GROUP BY GROUPING SETS ((rank), (rank, part)) ORDER BY rank, part NULLS FIRST
 """
 
 
@@ -65,20 +61,33 @@ def launch_stats(con: duckdb.DuckDBPyConnection, *, by_step: bool = False,
     """Per rank (and ``step`` with ``by_step``, the launching call's step) that launches:
     ``{"rank", "kernels", "short_kernels", "runtime_outliers", "launch_delay_outliers",
     "launch_delay_p50_us", "launch_delay_p99_us"}``. Sorted."""
+    ranks, steps = launch_stats_both(con, runtime_cutoff_us=runtime_cutoff_us,
+                                     launch_delay_cutoff_us=launch_delay_cutoff_us)
+    return steps if by_step else ranks
+
+
+def launch_stats_both(con: duckdb.DuckDBPyConnection, *,
+                      runtime_cutoff_us: float = RUNTIME_CUTOFF_US,
+                      launch_delay_cutoff_us: float = LAUNCH_DELAY_CUTOFF_US
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(per rank, per rank and step) of :func:`launch_stats` from one pass."""
     if not has_trace_events(con):
-        return []
-    part, where = ("c.step", "c.step IS NOT NULL") if by_step else ("0", "TRUE")
+        return [], []
     names = ", ".join(f"'{n}'" for n in LAUNCH_CALLS)
-    sql = _SQL.replace("{names}", names).replace("{part}", part).replace("{where}", where)
+    sql = _SQL.replace("{names}", names)
     params = {"runtime": float(runtime_cutoff_us), "delay": float(launch_delay_cutoff_us)}
-    out = []
-    for rank, p, n, short, rt_out, delay_out, p50, p99 in con.execute(sql, params).fetchall():
+    ranks: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    for rank, p, whole, n, short, rt_out, delay_out, p50, p99 in con.execute(
+            sql, params).fetchall():
         row: dict[str, Any] = {"rank": int(rank)}
-        if by_step:
+        if not whole:
+            if p is None:  # launches outside any ProfilerStep: only in the rank's figures
+                continue
             row["step"] = int(p)
         row.update(kernels=int(n), short_kernels=int(short), runtime_outliers=int(rt_out),
                    launch_delay_outliers=int(delay_out),
                    launch_delay_p50_us=round(float(p50), 3),
                    launch_delay_p99_us=round(float(p99), 3))
-        out.append(row)
-    return out
+        (ranks if whole else steps).append(row)
+    return ranks, steps

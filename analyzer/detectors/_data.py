@@ -31,9 +31,7 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         out: dict[int, dict[str, np.ndarray]] = {}
         if not len(cols["rank"]):
             return out
-        rank = np.asarray(cols["rank"])
-        for r in np.unique(rank):
-            sel = rank == r
+        for r, sel in rank_slices(cols["rank"]):
             d = {}
             for k, v in cols.items():
                 v = v[sel]
@@ -51,6 +49,17 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         return out
 
     return ctx.cached("steps", load)
+
+
+def rank_slices(rank: Any) -> list[tuple[int, slice]]:
+    """(rank, slice of its rows) for an array ordered by rank: slices, not one boolean mask
+    per rank (1,024 ranks × 300k rows)."""
+    r = np.asarray(rank)
+    if not len(r):
+        return []
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    ends = np.r_[starts[1:], len(r)]
+    return [(int(r[a]), slice(int(a), int(b))) for a, b in zip(starts, ends, strict=True)]
 
 
 def step_range(ctx: Context) -> tuple[int | None, int | None]:

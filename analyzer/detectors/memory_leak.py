@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _stats
+from . import _data, _stats
 from .base import Context
 
 ID = "memory_leak"
@@ -131,7 +131,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         "WHERE step IS NOT NULL ORDER BY rank, step")
     if not len(cols["rank"]):
         return []
-    rank = np.asarray(cols["rank"])
+    slices = _data.rank_slices(cols["rank"])
     out = []
     device_total = ((ctx.run.meta.get("device") or {}).get("total_memory_bytes"))
     host_found = False
@@ -143,8 +143,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         heap = counter == "heap_bytes"
         min_growth = th["min_growth_heap_bytes"] if heap else None
         min_frac = th["min_growth_heap_frac"] if heap else None
-        for r in np.unique(rank):
-            sel = rank == r
+        for r, sel in slices:
             vals = np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64)
             res = _analyse(np.asarray(cols["step"][sel], np.int64), vals, th, min_growth,
                            min_frac, precise=heap)

@@ -70,6 +70,22 @@ def _aligned(per_rank: dict[int, dict[str, np.ndarray]], col: str, th: Mapping[s
     return ranks, common, m
 
 
+def median_of_others(m: np.ndarray) -> np.ndarray:
+    """``out[i, j]`` = median of column ``j`` without row ``i``, for all i at once: from one
+    sort per column (a loop deleting each row is O(ranks² × steps): 3 s at 1,024 ranks)."""
+    n = m.shape[0]
+    s = np.sort(m, axis=0)
+    pos = np.argsort(np.argsort(m, axis=0, kind="stable"), axis=0, kind="stable")
+
+    def kth_without(k: int) -> np.ndarray:
+        # the k-th smallest of the others: s[k] if row i sorts after k, else s[k + 1]
+        return np.where(pos > k, s[min(k, n - 1)], s[min(k + 1, n - 1)])
+
+    if (n - 1) % 2:
+        return kth_without((n - 1) // 2)
+    return 0.5 * (kth_without((n - 1) // 2 - 1) + kth_without((n - 1) // 2))
+
+
 def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     per_rank = _data.steps(ctx)
     if len(per_rank) < 2:
@@ -82,8 +98,9 @@ def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         ranks, steps, dur = _aligned(per_rank, col, th)
         if len(steps) < th["min_steps"]:
             continue
+        others_all = median_of_others(dur)
         for i, r in enumerate(ranks):
-            others = np.median(np.delete(dur, i, axis=0), axis=0)
+            others = others_all[i]
             slow = float(np.median(dur[i]) / max(np.median(others), 1e-12)) - 1
             consistent = float(np.mean(dur[i] > others))
             if slow >= th["min_rel_slowdown"] and consistent >= th["min_consistency"]:
@@ -95,8 +112,9 @@ def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     if len(steps_w) >= th["min_steps"] and not found:
         _, _steps_d, dur_w = _aligned(per_rank, "duration_s", th)
         step_med = float(np.median(dur_w)) if dur_w.size else 0.0
+        others_w = median_of_others(wait)
         for i, r in enumerate(ranks_w):
-            others = np.median(np.delete(wait, i, axis=0), axis=0)
+            others = others_w[i]
             extra = float(np.median(wait[i] - others))
             consistent = float(np.mean(wait[i] > others))
             if step_med > 0 and extra / step_med >= th["min_wait_share"] \

@@ -153,3 +153,14 @@ def test_views_over_many_ranks_keep_each_rows_rank(tmp_path: Path) -> None:
     assert [r[0] for r in rows] == list(range(n))
     assert all(c == 30 for _, c, _ in rows)
     assert [round(d, 4) for _, _, d in rows] == [round(0.1 + 0.001 * r, 4) for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9])
+def test_median_of_others_equals_deleting_each_row(n: int) -> None:
+    import numpy as np
+    from tracealyze.analyzer.detectors.straggler import median_of_others
+
+    m = np.random.default_rng(n).normal(size=(n, 11))
+    m[0, 0] = m[1, 0]  # ties
+    ref = np.stack([np.median(np.delete(m, i, axis=0), axis=0) for i in range(n)])
+    assert np.allclose(median_of_others(m), ref)
