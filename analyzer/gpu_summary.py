@@ -17,6 +17,7 @@ from .gputime import gpu_time_breakdown, gpu_time_by_step
 from .trace_idle import idle_breakdown
 from .trace_launch import launch_stats_both
 from .trace_overlap import comm_comp_overlap
+from .trace_overview import CATEGORIES, step_overview
 
 _LAUNCH_KEYS = ("kernels", "short_kernels", "runtime_outliers", "launch_delay_outliers",
                 "launch_delay_p50_us", "launch_delay_p99_us")
@@ -37,6 +38,16 @@ def _launch(row: dict[str, Any] | None) -> dict[str, Any]:
     return {k: row[k] for k in _LAUNCH_KEYS}
 
 
+_OVERVIEW_KEYS = (*(f"{c}_us" for c in CATEGORIES), "other_us", "gpu_busy_us")
+
+
+def _overview(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The step's wall time split as the profiler plugin's overview (``trace_overview``)."""
+    if row is None:
+        return None
+    return {"step_us": row["total_us"], **{k: row[k] for k in _OVERVIEW_KEYS}}
+
+
 def gpu_time_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """DESIGN.md ``gpu_time``: one row per rank with GPU activity, sorted by rank."""
     rows = gpu_time_breakdown(con)
@@ -50,6 +61,7 @@ def gpu_time_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     step_overlap = {(r["rank"], r["step"]): r for r in comm_comp_overlap(con, by_step=True)}
     step_idle = _by(idle_breakdown(con, by_step=True), "rank", "step")
     step_launch = {(r["rank"], r["step"]): r for r in by_step_launch}
+    overview = {(r["rank"], r["step"]): r for r in step_overview(con)}
     out = []
     for r in rows:
         rank = r["rank"]
@@ -72,6 +84,7 @@ def gpu_time_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                 "comm_comp_overlap_pct": so["comm_comp_overlap_pct"] if so else None,
                 "idle_breakdown": [{k: x[k] for k in ("stream", *_IDLE_KEYS)} for x in streams],
                 "launch": _launch(step_launch.get(key)),
+                "overview": _overview(overview.get(key)),
             })
         out.append(row)
     return out

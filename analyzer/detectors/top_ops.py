@@ -13,6 +13,9 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
+from ..gputime import gpu_time_breakdown
+from ..trace_advice import recommendations
+from ..trace_overview import CATEGORIES, step_overview
 
 ID = "top_ops"
 
@@ -25,7 +28,11 @@ DOC = {
     "rule": "Always reported (info) when the run has trace events: top_n CPU ops by self and "
             "total time, top_n GPU kernels by total time.",
     "fixes": "Start optimising at the top of the list; big self time in a CPU op with little "
-             "GPU time behind it means host overhead (fuse ops, torch.compile).",
+             "GPU time behind it means host overhead (fuse ops, torch.compile). The finding "
+             "also carries the profiler plugin's step-time overview and whichever of its "
+             "seven recommendations apply (data loader > 5% of the step, DataParallel, DDP "
+             "without NCCL, communication > 10%, GPU busy < 50%, Tensor Cores unused, peak "
+             "memory > 90%), each with its numbers.",
 }
 
 _HOST_TREE_SQL = """
@@ -114,6 +121,10 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
         parts.append(f"top GPU kernel {_short(k['name'])} ({k['pct']:.1f}% of GPU kernel "
                      f"time, {k['calls']} calls)")
     subject = top_kernels[0]["name"] if top_kernels else by_self[0]["name"]
+    overview = _overview(ctx)
+    recs = _recommendations(ctx, overview)
+    if recs:
+        parts.append("recommended: " + " ".join(r["message"] for r in recs).rstrip("."))
     return [Finding(
         id=ID,
         severity="info",
@@ -123,7 +134,8 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
         subject=subject,
         evidence={"cpu_ops_by_self": by_self, "cpu_ops_by_total": by_total,
                   "gpu_kernels": top_kernels, "cpu_self_us": round(self_total, 3),
-                  "gpu_kernel_us": round(kernel_total, 3)},
+                  "gpu_kernel_us": round(kernel_total, 3),
+                  "overview": overview, "recommendations": recs},
         advice=("Optimise from the top of these lists: a GPU kernel that dominates is the "
                 "place for a better algorithm, precision (bf16/TF32) or fusion; a CPU op with "
                 "large self time is host overhead (fuse ops, torch.compile, CUDA graphs)."),
@@ -133,3 +145,27 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
 
 def _short(name: str, limit: int = 80) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def _cached(ctx: Any, key: str, compute: Any) -> Any:
+    cached = getattr(ctx, "cached", None)
+    return cached(key, compute) if cached is not None else compute()
+
+
+def _overview(ctx: Any) -> dict[str, Any] | None:
+    """The profiler plugin's overview over all ranks and profiled steps: each category's
+    share of the step time (summed over steps, then over ranks)."""
+    rows = _cached(ctx, "trace_overview.step_overview", lambda: step_overview(ctx.con))
+    total = sum(r["total_us"] for r in rows)
+    if not total:
+        return None
+    keys = [*CATEGORIES, "other"]
+    return {"rank_steps": len(rows), "step_us": round(total / len(rows), 3),
+            **{f"{k}_pct": round(100.0 * sum(r[f"{k}_us"] for r in rows) / total, 2)
+               for k in keys}}
+
+
+def _recommendations(ctx: Any, overview: dict[str, Any] | None) -> list[dict[str, Any]]:
+    rows = _cached(ctx, "trace_overview.step_overview", lambda: step_overview(ctx.con))
+    gpu = _cached(ctx, "gputime.gpu_time_breakdown", lambda: gpu_time_breakdown(ctx.con))
+    return recommendations(ctx.con, rows, gpu)
