@@ -22,6 +22,10 @@ PROFILER = "profiler"
 PROFILER_KERNELS = "profiler-kernels"
 GPU_TIME = "gpu-time"
 KERNEL_TYPES = "kernel-types"
+PROFILER_OVERVIEW = "profiler-overview"
+PROFILER_STEPS = "profiler-steps"
+TRACE_MEMORY = "trace-memory"
+TRACE_ALLOCS = "trace-allocs"
 
 ALL: frozenset[str] = frozenset(v for k, v in dict(globals()).items()
                                 if k.isupper() and isinstance(v, str))

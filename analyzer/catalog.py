@@ -309,14 +309,16 @@ def new_connection() -> Any:
 
 _HELD = ("steps", "memory")
 HELD_ROWS = 5_000_000
+HELD_TRACE_ROWS = 2_000_000
+"""Trace events of many ranks are held in memory up to this many (~100 bytes each)."""
 
 
-def _held(con: Any, sql: str, name: str) -> str:
+def _held(con: Any, sql: str, name: str, limit: int = HELD_ROWS) -> str:
     """``sql`` read once into a temporary table when it has at most HELD_ROWS rows: with many
     ranks every query over the files pays for opening each of them again (0.07 s a query
     at 1,024 ranks), and these small tables are queried dozens of times."""
     (n,) = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()
-    if n > HELD_ROWS:
+    if n > limit:
         return sql
     con.execute(f"CREATE TEMP TABLE {name} AS {sql}")
     return f"SELECT * FROM {name}"
@@ -342,6 +344,8 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
         if shards.is_sharded(run.meta):
             shards.combine(con, q)
         tsql = _view_sql("trace_events", valid["trace_events"])
+        if len(run.ranks) > MANY_RANKS:
+            tsql = _held(con, tsql, f"_held_{schema or 'main'}_trace_events", HELD_TRACE_ROWS)
         con.execute(f"CREATE VIEW {q}trace_events AS {tsql}")
         raw = load_raw_traces(run, con, q)
         if raw is not None and raw.num_rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .charts_trace import trace_charts
 from .downsample import num
 from .figures import BLUE, GREEN, GREY, ORANGE, PURPLE, RED, Chart, esc, figure, short
 from .report_context import ReportContext
@@ -33,6 +34,7 @@ def profiler_charts(ctx: ReportContext) -> list[Chart]:
     kb = _kernel_types(ctx)
     if kb:
         charts.append(kb)
+    charts += trace_charts(ctx)
     if charts and charts[0].anchor != "profiler":
         # Findings link to 'profiler': make the first chart of the section carry it.
         charts[0].anchor = "profiler"

@@ -48,20 +48,32 @@ def _overview(row: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"step_us": row["total_us"], **{k: row[k] for k in _OVERVIEW_KEYS}}
 
 
-def gpu_time_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
-    """DESIGN.md ``gpu_time``: one row per rank with GPU activity, sorted by rank."""
-    rows = gpu_time_breakdown(con)
+def gpu_time_rows(con: duckdb.DuckDBPyConnection, *,
+                  cache: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """DESIGN.md ``gpu_time``: one row per rank with GPU activity, sorted by rank.
+
+    ``cache``: the detectors' shared results (``detectors.base.Context.cache``), so the
+    analyses they already ran are not run again."""
+    cache = {} if cache is None else cache
+
+    def once(key: str, compute: Any) -> Any:
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
+
+    rows = once("gputime.gpu_time_breakdown", lambda: gpu_time_breakdown(con))
     if not rows:
         return []
     overlap = {r["rank"]: r for r in comm_comp_overlap(con)}
     idle = _by(idle_breakdown(con), "rank")
     rank_launch, by_step_launch = launch_stats_both(con)
     launch = {r["rank"]: r for r in rank_launch}
-    steps = _by(gpu_time_by_step(con), "rank")
+    steps = _by(once("gputime.gpu_time_by_step", lambda: gpu_time_by_step(con)), "rank")
     step_overlap = {(r["rank"], r["step"]): r for r in comm_comp_overlap(con, by_step=True)}
     step_idle = _by(idle_breakdown(con, by_step=True), "rank", "step")
     step_launch = {(r["rank"], r["step"]): r for r in by_step_launch}
-    overview = {(r["rank"], r["step"]): r for r in step_overview(con)}
+    overview = {(r["rank"], r["step"]): r
+                for r in once("trace_overview.step_overview", lambda: step_overview(con))}
     out = []
     for r in rows:
         rank = r["rank"]

@@ -38,7 +38,8 @@ def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
 
 
 def analyze(run: Run, overrides: Any = None, *,
-            config_file: Path | str | None = None) -> list[Finding]:
+            config_file: Path | str | None = None,
+            cache: dict[str, Any] | None = None) -> list[Finding]:
     """All findings of all detectors, root causes first, each followed by the findings it
     explains (``causality.link``); groups by their most severe member."""
     from . import config
@@ -46,7 +47,9 @@ def analyze(run: Run, overrides: Any = None, *,
 
     modules, load_errors = discover()
     thresholds = config.resolve(modules, overrides, config_file)
-    ctx = Context(run=run, thresholds=thresholds)
+    # ``cache``: heavy results the detectors share, kept for the caller (the summary's
+    # gpu_time rows reuse the trace analyses the detectors ran)
+    ctx = Context(run=run, thresholds=thresholds, cache={} if cache is None else cache)
     findings: list[Finding] = []
     for err in load_errors:
         findings.append(_failure(err.module, "could not be loaded",
@@ -82,7 +85,7 @@ def clean_json(value: Any) -> Any:
     return str(value)
 
 
-def _gpu_time(run: Run) -> list[dict[str, Any]] | None:
+def _gpu_time(run: Run, cache: dict[str, Any]) -> list[dict[str, Any]] | None:
     (n,) = run.con.execute(
         "SELECT count(*) FROM trace_events WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
     ).fetchone()
@@ -90,7 +93,7 @@ def _gpu_time(run: Run) -> list[dict[str, Any]] | None:
         return None
     from .gpu_summary import gpu_time_rows
 
-    return gpu_time_rows(run.con)
+    return gpu_time_rows(run.con, cache=cache)
 
 
 def build_summary(run: Run | str | Path, overrides: Any = None, *,
@@ -102,7 +105,8 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
     if not isinstance(run, Run):
         with open_run(run) as opened:
             return build_summary(opened, overrides, config_file=config_file)
-    findings = analyze(run, overrides, config_file=config_file)
+    cache: dict[str, Any] = {}
+    findings = analyze(run, overrides, config_file=config_file, cache=cache)
     (steps,) = run.con.execute("SELECT count(DISTINCT step) FROM steps").fetchone()
     out: dict[str, Any] = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -116,7 +120,7 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
         "not_checked": not_checked(run),
     }
     try:
-        gpu = _gpu_time(run)
+        gpu = _gpu_time(run, cache)
     except Exception as e:  # breakdown failure: say so, keep the rest
         out["findings"].append(_failure("gpu_idle", "could not compute the GPU time "
                                         "breakdown", e).to_json())

@@ -340,7 +340,9 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
         lists, array_form = _lists(reader, fast)
         try:
             for events in lists:
-                pending += [e for e in events if type(e) is dict and e.get("ph") == "X"]
+                # complete events, and the allocator's instant events (profile_memory=True)
+                pending += [e for e in events if type(e) is dict and (
+                    e.get("ph") == "X" or (e.get("ph") == "i" and e.get("name") == "[memory]"))]
                 while len(pending) >= BATCH:
                     rb = _convert(pending[:BATCH], pos)
                     n += rb.num_rows

@@ -57,7 +57,9 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
     if not flagged:
         return []
     by_step: dict[int, list[dict[str, Any]]] = {}
-    for s in gpu_time_by_step(ctx.con):
+    by_step_rows = (cached("gputime.gpu_time_by_step", lambda: gpu_time_by_step(ctx.con))
+                    if cached is not None else gpu_time_by_step(ctx.con))
+    for s in by_step_rows:
         by_step.setdefault(s["rank"], []).append(s)
 
     findings = []

@@ -57,36 +57,38 @@ def _self_times(con: Any) -> dict[str, list[float]]:
     parent is the nearest earlier event still open: a stack walk, one pass (cheap next to
     parsing; the GPU unions, which must scale, are the vectorised part).
     """
-    rows = con.execute(_HOST_TREE_SQL).fetchall()
-    if not rows:
+    cols = con.execute(_HOST_TREE_SQL).fetchnumpy()
+    if not len(cols["ts_us"]):
         return {}
-    thread = [r[:4] for r in rows]
-    cats = [r[4] for r in rows]
-    names = [r[5] for r in rows]
-    ts = np.array([r[6] for r in rows], dtype=np.float64)
-    dur = np.array([r[7] for r in rows], dtype=np.float64)
-    end = ts + dur
-    child = np.zeros(len(ts))
+    # one thread key per row, as ints: comparing tuples of four would double the loop's cost
+    key = np.stack([np.ma.filled(cols[c], -1).astype(np.int64) for c in ("rank", "pid", "tid")]
+                   + [np.unique(np.asarray(cols["trace_id"], dtype=object),
+                                return_inverse=True)[1]])
+    new_thread = np.r_[True, (key[:, 1:] != key[:, :-1]).any(axis=0)].tolist()
+    ts = np.asarray(cols["ts_us"], dtype=np.float64)
+    dur_a = np.asarray(cols["dur_us"], dtype=np.float64)
+    # plain lists in the loop: indexing numpy arrays element by element is ~3x slower
+    start, dur, end = ts.tolist(), dur_a.tolist(), (ts + dur_a).tolist()
+    child = [0.0] * len(start)
     stack: list[int] = []
-    prev_thread = None
-    for i in range(len(ts)):
-        if thread[i] != prev_thread:
+    for i in range(len(start)):
+        if new_thread[i]:
             stack.clear()
-            prev_thread = thread[i]
-        while stack and end[stack[-1]] < end[i]:
+        e = end[i]
+        while stack and end[stack[-1]] < e:
             stack.pop()
-        if stack and end[stack[-1]] >= end[i] and ts[stack[-1]] <= ts[i]:
+        if stack and start[stack[-1]] <= start[i]:
             child[stack[-1]] += dur[i]
         stack.append(i)
-    out: dict[str, list[float]] = {}
-    for i in range(len(ts)):
-        if cats[i] != "cpu_op":
-            continue
-        acc = out.setdefault(names[i], [0, 0.0, 0.0])
-        acc[0] += 1
-        acc[1] += dur[i]
-        acc[2] += max(dur[i] - child[i], 0.0)
-    return out
+    is_op = np.asarray(cols["cat"], dtype=object) == "cpu_op"
+    names = np.asarray(cols["name"], dtype=object)[is_op]
+    self_us = np.maximum(dur_a - np.asarray(child), 0.0)[is_op]
+    uniq, inv = np.unique(names, return_inverse=True)
+    calls = np.bincount(inv, minlength=len(uniq))
+    total = np.bincount(inv, weights=dur_a[is_op], minlength=len(uniq))
+    own = np.bincount(inv, weights=self_us, minlength=len(uniq))
+    return {str(n): [int(c), float(t), float(o)]
+            for n, c, t, o in zip(uniq, calls, total, own, strict=True)}
 
 
 def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
