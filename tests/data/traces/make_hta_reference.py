@@ -61,7 +61,7 @@ def one_mode() -> dict:
     return out
 
 
-def _analyses(ta) -> dict:  # noqa: ANN001 - hta's TraceAnalysis
+def _analyses(ta) -> dict:  # ta: hta's TraceAnalysis
     """HTA's idle-time breakdown, comm/comp overlap and launch stats on every rank."""
     ranks = sorted(int(r) for r in ta.t.traces)
     overlap = ta.get_comm_comp_overlap(visualize=False)
@@ -106,7 +106,8 @@ def main() -> None:
             f"{version('HolisticTraceAnalysis')} (TraceAnalysis(include_last_profiler_step=True)"
             ".get_temporal_breakdown / get_gpu_kernel_breakdown(include_memory_kernels=True)) "
             "and get_idle_time_breakdown / get_comm_comp_overlap / get_cuda_kernel_launch_stats "
-            "(defaults, all ranks) with pandas " + version("pandas") + ", by tests/data/traces/make_hta_reference.py. "
+            "(defaults, all ranks) with pandas " + version("pandas")
+            + ", by tests/data/traces/make_hta_reference.py. "
             "'hta' is HTA as shipped (ns timestamps rounded inwards to whole us); "
             "'hta_exact' is HTA with HTA_DISABLE_NS_ROUNDING=1."
         ),
