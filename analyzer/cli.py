@@ -281,8 +281,11 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
                        f"{getattr(info, 'events', 0):,} events, "
                        f"{time.monotonic() - started:.1f} s)", err=True)
 
+    skipped: list[Path] = []
     results = import_traces(list(traces), run_dir, keep_raw=keep_raw, limits=limits,
-                            jobs=jobs, progress=progress)
+                            jobs=jobs, progress=progress, skipped=skipped)
+    for path in skipped:
+        click.echo(f"warning: skipped {path}: not a profiler trace (no traceEvents)", err=True)
     for info in results:
         parts = [f"{k}={v}" for k, v in info.items() if k != "path"]
         click.echo(f"imported {info.get('path', '')} " + " ".join(parts))

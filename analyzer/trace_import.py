@@ -136,12 +136,14 @@ def _stage_parallel(paths: list[Path], outs: list[Path], stage: Path, limits: Li
 
 def import_traces(paths: list[Path], run_dir: Path, *, keep_raw: bool = False,
                   limits: Limits | None = None, jobs: int | None = None,
-                  progress: Progress | None = None) -> list[dict[str, Any]]:
+                  progress: Progress | None = None,
+                  skipped: list[Path] | None = None) -> list[dict[str, Any]]:
     """Import profiler traces into ``run_dir`` (``tracealyze import-trace``).
 
     ``paths`` are trace files or directories of them (one trace per rank and profiling
     window, as ``tensorboard_trace_handler`` writes; see :mod:`.trace_ranks` for how a trace's
-    rank is found). ``jobs`` traces are read at once (default :func:`default_jobs`).
+    rank is found; JSON files in a directory that are not traces are left out and appended
+    to ``skipped``). ``jobs`` traces are read at once (default :func:`default_jobs`).
 
     Every trace is streamed first into a scratch folder (so one bad file imports nothing
     and raises :class:`TraceError`), then each becomes a
@@ -155,7 +157,7 @@ def import_traces(paths: list[Path], run_dir: Path, *, keep_raw: bool = False,
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise TraceError(f"{run_dir} exists and is not a directory")
-    files = trace_files(paths)
+    files = trace_files(paths, skipped)
     stage = _staging(run_dir)
     try:
         infos = _stage_all(files, stage, limits, default_jobs() if jobs is None else jobs,

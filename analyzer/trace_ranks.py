@@ -9,7 +9,9 @@ name (``rank3``, ``rank_3``, ``rank-3``, ``worker3``, ``worker_3``), else 0.
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,17 +25,41 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 _NAME_RANK = re.compile(r"(?:^|[^a-z])(?:rank|worker)[_-]?(\d{1,7})(?!\d)", re.IGNORECASE)
 
 
-def trace_files(paths: Iterable[Path]) -> list[Path]:
-    """``paths`` with each directory replaced by the trace files under it. TraceError for a
-    path that does not exist or a directory without traces."""
+PEEK = 1 << 16
+
+
+def looks_like_trace(path: Path) -> bool:
+    """Whether the file's first 64 KiB (decompressed) hold ``"traceEvents"`` or start a bare
+    event array: a directory's config.json or metrics.json is not read as a trace."""
+    try:
+        with open(path, "rb") as raw:
+            head = raw.read(2)
+            raw.seek(0)
+            if head == b"\x1f\x8b":
+                with gzip.open(raw) as f:
+                    data = f.read(PEEK)
+            else:
+                data = raw.read(PEEK)
+    except (OSError, EOFError, zlib.error):
+        return True  # unreadable: let the reader say so, in one line
+    return b'"traceEvents"' in data or data.lstrip()[:1] == b"["
+
+
+def trace_files(paths: Iterable[Path], skipped: list[Path] | None = None) -> list[Path]:
+    """``paths`` with each directory replaced by the trace files under it (JSON files in it
+    that are not traces are left out, and listed in ``skipped``). TraceError for a path that
+    does not exist or a directory without traces."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(
+            candidates = sorted(
                 f for f in p.rglob("*")
                 if f.name.lower().endswith(TRACE_SUFFIXES) and f.is_file()
                 and not any(part.startswith(".") for part in f.relative_to(p).parts)
             )
+            found = [f for f in candidates if looks_like_trace(f)]
+            if skipped is not None:
+                skipped.extend(f for f in candidates if f not in found)
             if not found:
                 raise TraceError(f"{p} holds no trace files (*.json, *.json.gz)")
             out.extend(found)

@@ -51,7 +51,7 @@ def test_trace_files_expands_directories(tmp_path: Path) -> None:
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / ".hidden").mkdir()
     for rel in ("d/a.pt.trace.json", "d/sub/b.json.gz", "d/.hidden/c.json", "d/notes.txt"):
-        (tmp_path / rel).write_text("{}")
+        (tmp_path / rel).write_text('{"traceEvents": []}')
     files = trace_files([tmp_path / "d", tmp_path / "d" / "a.pt.trace.json"])
     assert [f.relative_to(tmp_path).as_posix() for f in files] == [
         "d/a.pt.trace.json", "d/sub/b.json.gz"]
@@ -164,3 +164,22 @@ def test_median_of_others_equals_deleting_each_row(n: int) -> None:
     m[0, 0] = m[1, 0]  # ties
     ref = np.stack([np.median(np.delete(m, i, axis=0), axis=0) for i in range(n)])
     assert np.allclose(median_of_others(m), ref)
+
+
+def test_json_files_in_a_directory_that_are_not_traces_are_skipped(assembled,
+                                                                   tmp_path: Path) -> None:
+    d = tmp_path / "prof"
+    d.mkdir()
+    src = sorted(assembled["healthy"].iterdir())[0]
+    (d / src.name).write_bytes(src.read_bytes())
+    (d / "config.json").write_text(json.dumps({"lr": 0.1, "layers": [1, 2]}))
+    (d / "metrics.json.gz").write_bytes(gzip.compress(b'{"loss": 1.0}'))
+    res = CliRunner().invoke(main, ["import-trace", str(d), str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert "skipped" in res.stderr and "config.json" in res.stderr
+    assert "metrics.json.gz" in res.stderr
+    assert res.stdout.count("imported ") == 1
+    # named explicitly, a non-trace is still an error (one line, exit 2)
+    bad = CliRunner().invoke(main, ["import-trace", str(d / "config.json"),
+                                    str(tmp_path / "run2")])
+    assert bad.exit_code == 2 and "traceEvents" in bad.output
