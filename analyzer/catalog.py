@@ -28,9 +28,9 @@ from tracealyze.format.runmeta import Liveness, MetaError, load_json
 from . import shards
 from .errors import QueryError, RunDirError, SchemaVersionError
 from .errors import one_line as _one_line
+from .rank_groups import MANY_RANKS
 from .raw_traces import load_raw_traces
 from .schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
-from .view_sql import MANY_RANKS
 from .view_sql import arrow_to_logical as _arrow_to_logical
 from .view_sql import sql_str as _sql_str
 from .view_sql import view_sql as _view_sql

@@ -23,10 +23,9 @@ from .figures import (
     line,
     time_unit,
 )
+from .rank_groups import MANY_RANKS
 from .report_context import ReportContext
 
-MANY_RANKS = 16
-"""Past this many ranks, distributions with the outliers named instead of one trace per rank."""
 MAX_NAMED = 6
 """Outlying ranks drawn and named at most."""
 

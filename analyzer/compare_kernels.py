@@ -24,12 +24,11 @@ import numpy as np
 
 from .compare_metrics import Metric
 from .compare_stats import shifted
-from .gputime import gpu_time_breakdown, gpu_time_by_step, has_trace_events
+from .gputime import STEP_SPAN, gpu_time_breakdown, gpu_time_by_step, has_trace_events
 
 KINDS_SQL = """CASE WHEN cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') THEN 'kernel'
                     WHEN cat = 'cpu_op' THEN 'op'
                     WHEN cat IN ('cuda_runtime', 'cuda_driver') THEN 'runtime' END"""
-HOST_CATS = "('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation', 'cuda_sync')"
 TOP_PER_KIND = 25
 FLOOR_FRAC = 0.002     # a timing change under 0.2% of the base's profiled step is not listed
 MIN_TESTED = 8         # per-step samples each side for the Mann-Whitney test
@@ -58,7 +57,7 @@ class TraceData:
             return None
         spans = con.execute(
             f"SELECT count(*), avg(dur_us) FROM (SELECT DISTINCT rank, trace_id, name, dur_us "
-            f"FROM trace_events WHERE name LIKE 'ProfilerStep#%' AND cat NOT IN {HOST_CATS})"
+            f"FROM trace_events WHERE {STEP_SPAN})"
         ).fetchone()
         by_step = spans[0] > 0
         if by_step:

@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 
 from .gputime import gpu_time_breakdown, gpu_time_by_step
+from .shared import shared
 from .trace_idle import idle_breakdown
 from .trace_launch import launch_stats_both
 from .trace_overlap import comm_comp_overlap
@@ -54,26 +55,18 @@ def gpu_time_rows(con: duckdb.DuckDBPyConnection, *,
 
     ``cache``: the detectors' shared results (``detectors.base.Context.cache``), so the
     analyses they already ran are not run again."""
-    cache = {} if cache is None else cache
-
-    def once(key: str, compute: Any) -> Any:
-        if key not in cache:
-            cache[key] = compute()
-        return cache[key]
-
-    rows = once("gputime.gpu_time_breakdown", lambda: gpu_time_breakdown(con))
+    rows = shared(cache, con, gpu_time_breakdown)
     if not rows:
         return []
     overlap = {r["rank"]: r for r in comm_comp_overlap(con)}
     idle = _by(idle_breakdown(con), "rank")
     rank_launch, by_step_launch = launch_stats_both(con)
     launch = {r["rank"]: r for r in rank_launch}
-    steps = _by(once("gputime.gpu_time_by_step", lambda: gpu_time_by_step(con)), "rank")
+    steps = _by(shared(cache, con, gpu_time_by_step), "rank")
     step_overlap = {(r["rank"], r["step"]): r for r in comm_comp_overlap(con, by_step=True)}
     step_idle = _by(idle_breakdown(con, by_step=True), "rank", "step")
     step_launch = {(r["rank"], r["step"]): r for r in by_step_launch}
-    overview = {(r["rank"], r["step"]): r
-                for r in once("trace_overview.step_overview", lambda: step_overview(con))}
+    overview = {(r["rank"], r["step"]): r for r in shared(cache, con, step_overview)}
     out = []
     for r in rows:
         rank = r["rank"]

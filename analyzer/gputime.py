@@ -31,15 +31,19 @@ COMM_RE = r"^nccl.*Kernel"
 MEMORY_RE = r"^(Memcpy|Memset|dma)"
 NON_COMPUTE_RE = r"^nccl.*Kernel|Memcpy|^Memset|Sync"
 
+STEP_SPAN = ("name LIKE 'ProfilerStep#%' AND cat NOT IN ('kernel', 'gpu_memcpy', "
+             "'gpu_memset', 'gpu_user_annotation', 'cuda_sync')")
+"""A ProfilerStep span of the host (its GPU-side copies are not step spans)."""
+
 _ACTIVITY_SQL = f"""
 WITH te AS (
-    SELECT rank, trace_id, step, cat, name, ts_us, dur_us, correlation FROM trace_events
+    SELECT rank, trace_id, step, cat, name, ts_us, dur_us, correlation, stream
+    FROM trace_events
 ),
 steps AS (  -- per trace: how many ProfilerStep spans, and where the last one ends
     SELECT rank, trace_id, count(DISTINCT name) AS n_steps, max(ts_us + dur_us) AS last_end
     FROM te
-    WHERE name LIKE 'ProfilerStep#%' AND cat NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset',
-                                                     'gpu_user_annotation', 'cuda_sync')
+    WHERE {STEP_SPAN}
     GROUP BY ALL
 ),
 launch AS (
@@ -53,8 +57,9 @@ act AS (
     -- Times relative to the trace start: ns traces carry epoch microseconds with fractions,
     -- and at 1.7e15 us a float64 resolves only 0.25 us, so adding dur to the absolute ts
     -- would round every interval end (HTA subtracts the trace start first, too).
-    SELECT a.rank, a.trace_id, a.step, a.name,
+    SELECT a.rank, a.trace_id, a.step, a.name, a.stream,
         a.ts_us - z.t0 AS s, (a.ts_us - z.t0) + a.dur_us AS e,
+        l.launch_ts - z.t0 AS launched,
         CASE
             WHEN regexp_matches(a.name, '{COMM_RE}') THEN 'communication'
             WHEN regexp_matches(a.name, '{MEMORY_RE}') THEN 'memory'
@@ -78,7 +83,8 @@ LAST_STEP_CUT = "(coalesce(st.n_steps, 0) < 2 OR l.launch_ts <= st.last_end)"
 
 def activity_sql(cut_after_last_step: bool = True) -> str:
     """The ``WITH ... act AS (...)`` prefix: GPU activity per rank and trace, times relative
-    to the trace start, kernel type in ``ktype`` (``cut_after_last_step``: as the temporal
+    to the trace start (``s``, ``e``; ``launched``: its launch call's start), kernel type in
+    ``ktype`` (``cut_after_last_step``: as the temporal
     breakdown, else every GPU event of the trace)."""
     return _ACTIVITY_SQL.replace("{keep}", LAST_STEP_CUT if cut_after_last_step else "TRUE")
 

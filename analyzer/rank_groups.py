@@ -16,6 +16,12 @@ from typing import Any
 from .findings import Finding
 
 LIMIT = 8
+"""Per-rank findings of one detector (and per-rank lines of the text summary) shown before
+they are folded."""
+MANY_RANKS = 16
+"""Past this many ranks a job is read and drawn as a distribution: one Parquet scan per table
+(``view_sql``), small tables held in memory (``catalog``), rank views as bands with the
+outliers named (``charts_ranks``)."""
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -49,12 +55,12 @@ def fold_per_rank(found: list[Finding], key: str | None, limit: int = LIMIT) -> 
     by_sev: dict[str, list[Finding]] = {}
     for f in per_rank:
         by_sev.setdefault(f.severity, []).append(f)
+    def value(f: Finding) -> float:
+        v = f.evidence.get(key) if key else None
+        return float(v) if isinstance(v, (int, float)) else 0.0
+
     folded = []
     for group in by_sev.values():
-        def value(f: Finding) -> float:
-            v = f.evidence.get(key) if key else None
-            return float(v) if isinstance(v, (int, float)) else 0.0
-
         worst = max(group, key=value)
         others = [f for f in group if f is not worst]
         if not others:

@@ -18,7 +18,7 @@ from .catalog import Run, open_run
 from .causality import link
 from .coverage import not_checked
 from .findings import SEVERITIES, Finding, severity_rank
-from .rank_groups import fold_per_rank, rank_ranges
+from .rank_groups import LIMIT, fold_per_rank, rank_ranges
 
 SUMMARY_SCHEMA_VERSION = 1
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -189,11 +189,11 @@ def _pct_of(g: Mapping[str, Any], key: str) -> float:
 
 
 def _gpu_time_text(gpu: list[Mapping[str, Any]]) -> list[str]:
-    """One line per rank; past 8 ranks, the spread over ranks and the ranks at its ends."""
+    """One line per rank; past LIMIT ranks, the spread over ranks and the ranks at its ends."""
     gpu = [g for g in gpu if g.get("total_us")]
     if not gpu:
         return []
-    if len(gpu) <= 8:
+    if len(gpu) <= LIMIT:
         out = []
         for g in gpu:
             overlap = g.get("comm_comp_overlap_pct")

@@ -61,12 +61,16 @@ def recommendations(con: duckdb.DuckDBPyConnection, overview: list[dict[str, Any
         out.append({"id": id_, "rank": rank, "value": round(value, 2),
                     "threshold": threshold, "message": message})
 
-    w = _worst(_share(overview, "dataloader_us"))
-    if w and w[1] > DATALOADER_PCT:
-        add("dataloader", w[0], w[1], DATALOADER_PCT,
-            f"The data loader takes {w[1]:.1f}% of a profiled step (median, rank {w[0]}): use "
-            "DataLoader(num_workers>0, pin_memory=True, persistent_workers=True) and "
-            "prefetching.")
+    def over_share(key: str, id_: str, threshold: float, what: str, advice: str) -> None:
+        """A category's median share of the step, on its worst rank, over ``threshold``."""
+        w = _worst(_share(overview, key))
+        if w and w[1] > threshold:
+            add(id_, w[0], w[1], threshold, f"{what} takes {w[1]:.1f}% of a profiled step "
+                f"(median, rank {w[0]}): {advice}")
+
+    over_share("dataloader_us", "dataloader", DATALOADER_PCT, "The data loader",
+               "use DataLoader(num_workers>0, pin_memory=True, persistent_workers=True) and "
+               "prefetching.")
     if not has_trace_events(con):
         return out
     for rank, devices in con.execute(
@@ -84,12 +88,9 @@ def recommendations(con: duckdb.DuckDBPyConnection, overview: list[dict[str, Any
         add("ddp_without_nccl", None, float(gloo), 0.0,
             f"{gloo} collectives go through gloo while the model trains on GPUs: "
             "init_process_group('nccl') keeps them on the GPU.")
-    w = _worst(_share(overview, "communication_us"))
-    if w and w[1] > COMMUNICATION_PCT:
-        add("communication", w[0], w[1], COMMUNICATION_PCT,
-            f"Communication takes {w[1]:.1f}% of a profiled step (median, rank {w[0]}): "
-            "overlap it with compute (DDP bucket_cap_mb, FSDP prefetch), accumulate gradients "
-            "over more micro-batches (no_sync), or compress gradients.")
+    over_share("communication_us", "communication", COMMUNICATION_PCT, "Communication",
+               "overlap it with compute (DDP bucket_cap_mb, FSDP prefetch), accumulate "
+               "gradients over more micro-batches (no_sync), or compress gradients.")
     busy = [(r, v[0]) for r, v in _share(overview, "gpu_busy_us").items()] or [
         (g["rank"], 100.0 * (g["total_us"] - g["idle_us"]) / g["total_us"])
         for g in gpu_time if g.get("total_us")]  # no ProfilerStep: over the GPU's own span

@@ -25,32 +25,15 @@ from typing import Any
 
 import duckdb
 
-from .gputime import has_trace_events
+from .gputime import activity_sql, has_trace_events
 
 KERNEL_DELAY_US = 30.0
 
 _SQL = """
-WITH t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM trace_events GROUP BY ALL),
-rt AS (
-    SELECT rank, trace_id, correlation, min(ts_us) AS rts FROM trace_events
-    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-    GROUP BY ALL
-),
-k AS (
-    -- relative to the trace start: epoch-us floats of ns traces resolve only 0.25 us
-    SELECT a.rank, a.trace_id, a.step, a.stream,
-        a.ts_us - z.t0 AS s, (a.ts_us - z.t0) + a.dur_us AS e, r.rts - z.t0 AS launched
-    FROM trace_events a
-    JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
-    LEFT JOIN rt r ON r.rank = a.rank AND r.trace_id = a.trace_id
-                  AND r.correlation = a.correlation
-    WHERE a.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND a.dur_us IS NOT NULL
-      AND a.stream IS NOT NULL AND a.stream <> -1
-),
-g AS (
+, g AS (
     SELECT *, max(e) OVER (PARTITION BY rank, trace_id, stream ORDER BY s, e
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM k
+    FROM act WHERE stream IS NOT NULL AND stream <> -1
 ),
 c AS (
     SELECT rank, {part} AS part, stream, coalesce(greatest(s - prev_end, 0), 0) AS gap,
@@ -78,7 +61,8 @@ def idle_breakdown(con: duckdb.DuckDBPyConnection, *, by_step: bool = False,
     if not has_trace_events(con):
         return []
     part, where = ("step", "step IS NOT NULL") if by_step else ("0", "TRUE")
-    sql = _SQL.replace("{part}", part).replace("{where}", where)
+    sql = (activity_sql(cut_after_last_step=False)
+           + _SQL.replace("{part}", part).replace("{where}", where))
     out = []
     for rank, p, stream, host, kernel, other in con.execute(
             sql, [float(consecutive_kernel_delay_us)]).fetchall():

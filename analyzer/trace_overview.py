@@ -22,7 +22,7 @@ from typing import Any
 
 import duckdb
 
-from .gputime import COMM_RE, UNION_SQL, has_trace_events
+from .gputime import COMM_RE, STEP_SPAN, UNION_SQL, has_trace_events
 
 CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader",
               "cpu_exec")
@@ -31,8 +31,7 @@ _SQL = f"""
 WITH spans AS (
     SELECT rank, trace_id, step, min(ts_us) AS s0, max(ts_us + dur_us) AS s1
     FROM trace_events
-    WHERE step IS NOT NULL AND name LIKE 'ProfilerStep#%'
-      AND cat NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation')
+    WHERE step IS NOT NULL AND {STEP_SPAN}
     GROUP BY ALL
 ),
 iv AS (

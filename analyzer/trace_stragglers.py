@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from .gputime import COMM_RE, has_trace_events
+from .gputime import COMM_RE, STEP_SPAN, has_trace_events
 
 _SQL = f"""
 WITH comm AS (
@@ -31,8 +31,7 @@ WITH comm AS (
 ),
 spans AS (  -- the step's length on each rank: its ProfilerStep span
     SELECT rank, step, max(dur_us) AS us FROM trace_events
-    WHERE step IS NOT NULL AND name LIKE 'ProfilerStep#%'
-      AND cat NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation')
+    WHERE step IS NOT NULL AND {STEP_SPAN}
     GROUP BY ALL
 ),
 step_len AS (SELECT step, median(us) AS us FROM spans GROUP BY ALL),

@@ -8,6 +8,7 @@ from typing import Any
 
 from tracealyze.format.parts import rank_of
 
+from .rank_groups import MANY_RANKS
 from .schema import DUCKDB_TYPES, TABLES
 
 
@@ -29,10 +30,6 @@ def arrow_to_logical(t: Any) -> str | None:
 
 def sql_str(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
-
-
-MANY_RANKS = 16
-"""Past this many ranks a table's view is one scan with the rank joined in by file name."""
 
 
 def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:

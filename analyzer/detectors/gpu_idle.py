@@ -13,6 +13,7 @@ from typing import Any
 from .. import anchors
 from ..findings import Finding
 from ..gputime import gpu_time_breakdown, gpu_time_by_step
+from ..shared import shared
 
 ID = "gpu_idle"
 RANK_KEY = "idle_pct"  # folded per rank on many-rank jobs by this (rank_groups)
@@ -42,11 +43,8 @@ def _pct(part: float, total: float) -> float:
 
 
 def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
-    cached = getattr(ctx, "cached", None)
-    if cached is not None:
-        rows = cached("gputime.gpu_time_breakdown", lambda: gpu_time_breakdown(ctx.con))
-    else:
-        rows = gpu_time_breakdown(ctx.con)
+    cache = getattr(ctx, "cache", None)
+    rows = shared(cache, ctx.con, gpu_time_breakdown)
     limit = float(th.get("max_idle_pct", DEFAULTS["max_idle_pct"]))
     error_at = float(th.get("error_idle_pct", DEFAULTS["error_idle_pct"]))
     min_total = float(th.get("min_total_us", DEFAULTS["min_total_us"]))
@@ -57,9 +55,7 @@ def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
     if not flagged:
         return []
     by_step: dict[int, list[dict[str, Any]]] = {}
-    by_step_rows = (cached("gputime.gpu_time_by_step", lambda: gpu_time_by_step(ctx.con))
-                    if cached is not None else gpu_time_by_step(ctx.con))
-    for s in by_step_rows:
+    for s in shared(cache, ctx.con, gpu_time_by_step):
         by_step.setdefault(s["rank"], []).append(s)
 
     findings = []

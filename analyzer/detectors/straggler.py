@@ -21,6 +21,7 @@ import numpy as np
 from .. import anchors
 from ..findings import Finding
 from ..gputime import has_trace_events
+from ..shared import shared
 from ..trace_stragglers import collective_lateness, trace_stragglers
 from . import _data
 from .base import Context
@@ -140,8 +141,7 @@ def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
 def _from_traces(ctx: Context, th: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not has_trace_events(ctx.con):
         return []
-    rows = ctx.cached("trace_stragglers.collective_lateness",
-                      lambda: collective_lateness(ctx.con))
+    rows = shared(ctx.cache, ctx.con, collective_lateness)
     found = trace_stragglers(rows, min_late_share=float(th["min_late_share"]),
                              min_consistency=float(th["min_consistency"]),
                              min_z=float(th["min_late_z"]))

@@ -14,6 +14,7 @@ import numpy as np
 from .. import anchors
 from ..findings import Finding
 from ..gputime import gpu_time_breakdown
+from ..shared import shared
 from ..trace_advice import recommendations
 from ..trace_overview import CATEGORIES, step_overview
 
@@ -149,15 +150,10 @@ def _short(name: str, limit: int = 80) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
-def _cached(ctx: Any, key: str, compute: Any) -> Any:
-    cached = getattr(ctx, "cached", None)
-    return cached(key, compute) if cached is not None else compute()
-
-
 def _overview(ctx: Any) -> dict[str, Any] | None:
     """The profiler plugin's overview over all ranks and profiled steps: each category's
     share of the step time (summed over steps, then over ranks)."""
-    rows = _cached(ctx, "trace_overview.step_overview", lambda: step_overview(ctx.con))
+    rows = shared(getattr(ctx, "cache", None), ctx.con, step_overview)
     total = sum(r["total_us"] for r in rows)
     if not total:
         return None
@@ -168,6 +164,7 @@ def _overview(ctx: Any) -> dict[str, Any] | None:
 
 
 def _recommendations(ctx: Any, overview: dict[str, Any] | None) -> list[dict[str, Any]]:
-    rows = _cached(ctx, "trace_overview.step_overview", lambda: step_overview(ctx.con))
-    gpu = _cached(ctx, "gputime.gpu_time_breakdown", lambda: gpu_time_breakdown(ctx.con))
+    cache = getattr(ctx, "cache", None)
+    rows = shared(cache, ctx.con, step_overview)
+    gpu = shared(cache, ctx.con, gpu_time_breakdown)
     return recommendations(ctx.con, rows, gpu)

@@ -141,7 +141,7 @@ def test_every_rank_has_its_gpu_time_in_the_summary(assembled, tmp_path: Path) -
 
 def test_views_over_many_ranks_keep_each_rows_rank(tmp_path: Path) -> None:
     # past MANY_RANKS the views are one scan with the rank joined in by file name
-    from tracealyze.analyzer.view_sql import MANY_RANKS
+    from tracealyze.analyzer.rank_groups import MANY_RANKS
 
     n = MANY_RANKS + 4
     run = make_run(tmp_path, ranks=n, steps=30,
