@@ -11,8 +11,8 @@ into the run directory.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -31,8 +31,8 @@ from .errors import one_line as _one_line
 from .rank_groups import MANY_RANKS
 from .raw_traces import load_raw_traces
 from .schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
+from .sqlsafe import check_user_sql, execute_one, ident, lock, sandbox
 from .view_sql import arrow_to_logical as _arrow_to_logical
-from .view_sql import sql_str as _sql_str
 from .view_sql import view_sql as _view_sql
 
 # Statements a user's `query` may run: reads only (a COPY ... TO could write into the run).
@@ -156,16 +156,7 @@ def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     on failure or on anything but a read."""
     import duckdb
 
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as e:
-        raise QueryError(_one_line(e)) from e
-    if len(statements) != 1:
-        raise QueryError(f"expected one SQL statement, got {len(statements)}")
-    kind = str(statements[0].type).rsplit(".", 1)[-1]
-    if kind not in _READ_STATEMENTS:
-        raise QueryError(f"only read statements (SELECT, DESCRIBE, ...) are allowed, "
-                         f"not {kind}: the analyzer never writes")
+    check_user_sql(con, sql, _READ_STATEMENTS)
     try:
         rel = con.execute(sql)
         rows = rel.fetchall()
@@ -207,16 +198,19 @@ def _validate(files: list[Path], skipped: list[tuple[Path, str]],
     return good
 
 
-def open_run(path: str | Path, *, allow_empty: bool = False) -> Run:
+def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool = False
+             ) -> Run:
     """Open ``path`` read-only and build the views. Raises RunDirError / SchemaVersionError.
 
     ``allow_empty``: accept a run with no readable data part at all (by default it is an
-    error: there is nothing to analyse).
+    error: there is nothing to analyse). The connection reads only files under ``path``
+    unless ``allow_files`` (``query --allow-files``): sqlsafe.sandbox.
     """
     run, valid = scan_run(path, allow_empty=allow_empty)
-    run.con = new_connection()
+    run.con = new_connection([run.run_dir], allow_files=allow_files)
     try:
         build_views(run.con, run, valid)
+        lock(run.con)
     except RunDirError:
         run.close()
         raise
@@ -289,13 +283,14 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
     return run, valid
 
 
-def new_connection() -> Any:
-    """An in-memory DuckDB connection set up for reading runs."""
+def new_connection(allowed: Iterable[str | Path], *, allow_files: bool = False) -> Any:
+    """An in-memory DuckDB connection set up for reading runs, sandboxed to the ``allowed``
+    run directories (sqlsafe.sandbox; spill files go to a private temp dir, never next to
+    the run we only read). Lock it (sqlsafe.lock) once the views exist."""
     import duckdb
 
     con = duckdb.connect(":memory:")
-    # Spill files (rare) go to the temp dir, never next to the run we only read.
-    con.execute(f"SET temp_directory = {_sql_str(tempfile.gettempdir())}")
+    sandbox(con, allowed, allow_files=allow_files)
     con.execute("SET enable_progress_bar = false")
     # Footers read once per file, not once per query (1,024 ranks: every view is 1,024+ files)
     con.execute("SET parquet_metadata_cache = true")
@@ -317,10 +312,10 @@ def _held(con: Any, sql: str, name: str, limit: int = HELD_ROWS) -> str:
     """``sql`` read once into a temporary table when it has at most HELD_ROWS rows: with many
     ranks every query over the files pays for opening each of them again (0.07 s a query
     at 1,024 ranks), and these small tables are queried dozens of times."""
-    (n,) = con.execute(f"SELECT count(*) FROM ({sql})").fetchone()
+    (n,) = execute_one(con, f"SELECT count(*) FROM ({sql})").fetchone()
     if n > limit:
         return sql
-    con.execute(f"CREATE TEMP TABLE {name} AS {sql}")
+    execute_one(con, f"CREATE TEMP TABLE {name} AS {sql}")
     return f"SELECT * FROM {name}"
 
 
@@ -340,20 +335,19 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
             sql = _view_sql(table, valid[table])
             if table in _HELD and len(run.ranks) > MANY_RANKS:
                 sql = _held(con, sql, f"_held_{schema or 'main'}_{table}")
-            con.execute(f"CREATE VIEW {q}{table} AS {sql}")
+            execute_one(con, f"CREATE VIEW {q}{table} AS {sql}")
         if shards.is_sharded(run.meta):
             shards.combine(con, q)
         tsql = _view_sql("trace_events", valid["trace_events"])
         if len(run.ranks) > MANY_RANKS:
             tsql = _held(con, tsql, f"_held_{schema or 'main'}_trace_events", HELD_TRACE_ROWS)
-        con.execute(f"CREATE VIEW {q}trace_events AS {tsql}")
+        execute_one(con, f"CREATE VIEW {q}trace_events AS {tsql}")
         raw = load_raw_traces(run, con, q)
         if raw is not None and raw.num_rows:
             name = f"_raw_trace_events{'_' + schema if schema else ''}"
             con.register(name, raw)
-            cols = ", ".join(f'"{c}"' for c, _ in TABLES["trace_events"])
-            con.execute(f"CREATE OR REPLACE VIEW {q}trace_events AS "
-                        f"SELECT {cols} FROM ({tsql}) UNION ALL "
-                        f"SELECT {cols} FROM {name}")
+            cols = ", ".join(ident(c) for c, _ in TABLES["trace_events"])
+            execute_one(con, f"CREATE OR REPLACE VIEW {q}trace_events AS "
+                             f"SELECT {cols} FROM ({tsql}) UNION ALL SELECT {cols} FROM {name}")
     except duckdb.Error as e:
         raise RunDirError(f"cannot open the run's tables: {_one_line(e)}") from e

@@ -133,13 +133,17 @@ def _json_value(v: Any) -> Any:
 @click.argument("sql")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format.")
+@click.option("--allow-files", is_flag=True,
+              help="Let the SQL read files outside the given runs (read_csv, read_parquet, "
+                   "glob, ...). Off by default: a query sees only the runs it was given.")
 @_edge
-def query(run_dirs: tuple[Path, ...], sql: str, fmt: str) -> None:
+def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> None:
     """Run one read-only SQL statement (DuckDB dialect) over the run's tables.
 
     Every table (steps, tensor_stats, metrics, events, memory, system, trace_events) is a view
     of that name over all ranks and parts. Given several runs, every view covers all of them
-    and gains a leading run_id column.
+    and gains a leading run_id column. The SQL can read only these runs' files unless
+    --allow-files is given; it can never write.
 
     \b
     Example:
@@ -153,7 +157,8 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str) -> None:
     else:
         from .multirun import open_runs as opener  # type: ignore[assignment]
 
-    with opener(run_dirs[0] if len(run_dirs) == 1 else run_dirs) as runs:
+    with opener(run_dirs[0] if len(run_dirs) == 1 else run_dirs,
+                allow_files=allow_files) as runs:
         cols, rows = runs.query(sql)
     if fmt == "csv":
         import csv

@@ -17,6 +17,7 @@ from typing import Any
 
 from .catalog import Run, Views, build_views, new_connection, scan_run
 from .errors import RunDirError
+from .sqlsafe import execute_one, literal, lock
 
 
 class RunSet(Views):
@@ -40,13 +41,10 @@ def _ids(runs: list[Run]) -> list[str]:
     return out
 
 
-def _lit(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def open_runs(paths: Sequence[str | Path]) -> RunSet:
-    """Open ``paths`` (two or more run directories) into one connection. RunDirError names
-    the run that cannot be opened."""
+def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunSet:
+    """Open ``paths`` (two or more run directories) into one connection, which reads only
+    files under them unless ``allow_files`` (sqlsafe.sandbox). RunDirError names the run
+    that cannot be opened."""
     if not paths:
         raise RunDirError("no run directory given")
     seen: dict[Path, str] = {}
@@ -55,7 +53,7 @@ def open_runs(paths: Sequence[str | Path]) -> RunSet:
         if real in seen:
             raise RunDirError(f"the same run is given twice: {seen[real]} and {p}")
         seen[real] = str(p)
-    con = new_connection()
+    con = new_connection(seen, allow_files=allow_files)
     runs: list[Run] = []
     try:
         for i, p in enumerate(paths):
@@ -70,9 +68,10 @@ def open_runs(paths: Sequence[str | Path]) -> RunSet:
             views.setdefault(name, []).append(int(schema[3:]))
         for name, members in views.items():
             union = " UNION ALL BY NAME ".join(
-                f"SELECT {_lit(ids[i])} AS run_id, * FROM run{i}.{name}"
+                f"SELECT {literal(ids[i])} AS run_id, * FROM run{i}.{name}"
                 for i in sorted(members))
-            con.execute(f"CREATE VIEW main.{name} AS {union}")
+            execute_one(con, f"CREATE VIEW main.{name} AS {union}")
+        lock(con)
     except BaseException:
         con.close()
         raise

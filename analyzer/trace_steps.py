@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from .arrow_build import numeric, repeated
 from .arrow_build import values as np_values
+from .sqlsafe import execute_one, literal, lock, sandbox
 from .trace_fields import GPU_SIDE_CATS, LAUNCH_CATS
 
 DUCKDB_MEMORY = "256MB"
@@ -68,20 +69,20 @@ def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
     import duckdb
 
     con = duckdb.connect(str(tmp_dir / "steps.duckdb"))
-    names = {"first": _lit(str(first)), "out": _lit(str(out)), "trace_id": _lit(trace_id_)}
+    names = {"first": literal(str(first)), "out": literal(str(out)),
+             "trace_id": literal(trace_id_)}
     try:
+        # The trace id comes from the trace: quoted, one statement per stage, and DuckDB
+        # sees only the scratch files (sqlsafe).
+        sandbox(con, [tmp_dir, first.parent, out.parent], temp_dir=tmp_dir)
         con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
-        con.execute(f"SET temp_directory = {_lit(str(tmp_dir))}")
         con.execute("SET preserve_insertion_order = false")
         con.execute("SET enable_progress_bar = false")
+        lock(con)
         for sql in _STAGES:
-            con.execute(sql.format(**names))
+            execute_one(con, sql.format(**names))
     finally:
         con.close()
-
-
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def finish_in_memory(rb: pa.RecordBatch, trace_id_: str) -> pa.Table:

@@ -10,6 +10,10 @@ from tracealyze.format.parts import rank_of
 
 from .rank_groups import MANY_RANKS
 from .schema import DUCKDB_TYPES, TABLES
+from .sqlsafe import ident, literal
+
+_RANK = object()
+"""Stands for the rank expression in a select list until the scan is known."""
 
 
 def arrow_to_logical(t: Any) -> str | None:
@@ -29,7 +33,8 @@ def arrow_to_logical(t: Any) -> str | None:
 
 
 def sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
+    """``s`` as a SQL string literal (sqlsafe.literal)."""
+    return literal(s)
 
 
 def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
@@ -50,18 +55,22 @@ def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
             present.setdefault(field.name, set()).add(arrow_to_logical(field.type))
             if field.name not in dict(spec) and field.name not in extra:
                 extra.append(field.name)
-    exprs = []
+    # Every name from a footer is a quoted identifier (sqlsafe.ident), and the select list
+    # is joined, never formatted: a column called `{rank}` or `a"; COPY ...` stays a name.
+    exprs: list[object] = []
     for c, t in spec:
         if c == "rank":
-            exprs.append("{rank} AS rank")
+            exprs.append(_RANK)
         elif c not in present:
             exprs.append(f"CAST(NULL AS {DUCKDB_TYPES[t]}) AS {c}")
         elif present[c] == {t}:
-            exprs.append(f'"{c}"')  # already the right type: no cast, keeps filter pushdown
+            exprs.append(ident(c))  # already the right type: no cast, keeps filter pushdown
         else:
-            exprs.append(f'CAST("{c}" AS {DUCKDB_TYPES[t]}) AS {c}')
-    exprs += [f'"{c}"' for c in extra]
-    select = ", ".join(exprs)
+            exprs.append(f"CAST({ident(c)} AS {DUCKDB_TYPES[t]}) AS {c}")
+    exprs += [ident(c) for c in extra]
+
+    def select(rank: str) -> str:
+        return ", ".join(f"{rank} AS rank" if e is _RANK else str(e) for e in exprs)
     same = len({s.remove_metadata() for _, s in parts}) == 1
     opts = "hive_partitioning=false" + ("" if same else ", union_by_name=true")
     by_rank: dict[int, list[Path]] = {}
@@ -73,9 +82,9 @@ def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
         # a join with a (file, rank) table misleads DuckDB's join order (a 575M-row product)
         paths = ", ".join(sql_str(str(p)) for fs in by_rank.values() for p in fs)
         rank = r"CAST(regexp_extract(filename, 'rank=(\d+)[/\\][^/\\]*$', 1) AS INTEGER)"
-        return (f"SELECT {select.format(rank=rank)} FROM read_parquet([{paths}], {opts}, "
+        return (f"SELECT {select(rank)} FROM read_parquet([{paths}], {opts}, "
                 "filename=true)")
     return " UNION ALL ".join(
-        f"SELECT {select.format(rank=f'CAST({r} AS INTEGER)')} FROM read_parquet("
+        f"SELECT {select(f'CAST({int(r)} AS INTEGER)')} FROM read_parquet("
         f"[{', '.join(sql_str(str(p)) for p in files)}], {opts})"
         for r, files in sorted(by_rank.items()))
