@@ -333,7 +333,8 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
     recorded = (target / "run.json").exists()
     click.echo(f"tracealyze: {'recorded ' + str(target) if recorded else 'nothing recorded'}"
                f" (exit code {code})" + ("" if recorded else
-                                         ": no optimizer stepped in the command"), err=True)
+                                         ": no optimizer stepped in the command, or the "
+                                         "recorder could not start (see above)"), err=True)
     sys.exit(code)
 
 

@@ -3,8 +3,8 @@
 This process never imports torch. It starts the command with the folder of
 ``tracealyze/recorder/integrations/_boot`` first on ``PYTHONPATH``: its ``sitecustomize``
 attaches the recorder inside every Python process of the command (each ``torchrun`` rank),
-configured by the ``TRACEALYZE_RECORD`` environment variable. SIGINT and SIGTERM are passed
-on to the command, and its exit code is returned.
+configured by the ``TRACEALYZE_RECORD`` environment variable. SIGINT, SIGTERM, SIGHUP and
+SIGQUIT are passed on to the command (once: see :func:`_wait`), and its exit code is returned.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,7 @@ def default_run_dir(command: Sequence[str]) -> Path:
 
 
 def check_run_dir(run_dir: Path) -> None:
+    """One clear error, before the command starts, for a run_dir that cannot take the run."""
     if run_dir.exists() and not run_dir.is_dir():
         raise TracealyzeError(f"run_dir {str(run_dir)!r} exists and is not a directory")
     if (run_dir / "run.json").exists():
@@ -60,34 +62,164 @@ def check_run_dir(run_dir: Path) -> None:
                               "--run-dir")
 
 
+def prepare_run_dir(run_dir: Path) -> list[Path]:
+    """check_run_dir, then create ``run_dir`` and write a probe file in it, so that an
+    unwritable one is one clear line before the command starts; returns the folders it
+    created (taken back by :func:`take_back` if nothing gets recorded)."""
+    check_run_dir(run_dir)
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".tracealyze-write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        take_back(created)
+        raise TracealyzeError(f"cannot write to run_dir {str(run_dir)!r}: "
+                              f"{e.strerror or e}") from None
+    return created
+
+
+def take_back(created: list[Path]) -> None:
+    """Remove the folders :func:`prepare_run_dir` created, innermost first, if empty."""
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+FORWARDED = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                  if hasattr(signal, n))
+"""Signals passed on to the command: Ctrl-C, a scheduler's stop, a closed terminal, Ctrl-\\."""
+
+SI_KERNEL = 0x80
+"""``si_code`` of a signal the kernel sent: a terminal's Ctrl-C, Ctrl-\\ or hang-up, which
+goes to the whole foreground process group."""
+
+
 def record(command: Sequence[str], *, run_dir: Path, preset: str = "standard",
            knobs: dict[str, Any] | None = None) -> int:
     """Run ``command`` recorded into ``run_dir``; returns its exit code (128 + N when a
     signal N ended it, as a shell reports it)."""
     check_command(command)
-    check_run_dir(run_dir)
+    created = prepare_run_dir(run_dir)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(boot_dir()), *filter(None, [env.get("PYTHONPATH")])])
     env["TRACEALYZE_RECORD"] = json.dumps(
         {"run_dir": str(run_dir.resolve()), "preset": preset, "knobs": knobs or {}})
-    child = subprocess.Popen(list(command), env=env)
+    targets: list[int] = []
 
-    def forward(signum: int, _frame: Any) -> None:
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
+    def forward(signum: int, _frame: Any) -> None:  # only until the signals are waited for
+        _send(targets, signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    # Orphans of the command (a shell script's `python train.py &`) become our children, so
+    # that we can wait for them: their recorders are still writing the run.
+    subreaper = _become_subreaper()
     try:
-        code = child.wait()
+        child = subprocess.Popen(list(command), env=env)
+        targets.append(child.pid)
+        code = _wait(child.poll, targets, child.pid)
+        left = _left_running() if subreaper else []
+        if left:
+            print(f"tracealyze: the command exited ({code}); waiting for the "
+                  f"{len(left)} process(es) it left running (pid "
+                  f"{', '.join(map(str, left[:8]))})", file=sys.stderr, flush=True)
+
+            def gone() -> int | None:
+                targets[:] = _left_running()
+                return None if targets else 0
+
+            _wait(gone, targets, None)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
     code = 128 - code if code < 0 else code
     mark_exit(run_dir, code)
+    if not (run_dir / "run.json").exists():
+        take_back(created)
     return code
+
+
+def _send(pids: Sequence[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait(done: Any, targets: list[int], group_member: int | None) -> int:
+    """Wait until ``done()`` gives a code, passing FORWARDED signals on to ``targets``.
+
+    A signal the kernel sent to our foreground process group (a terminal's Ctrl-C) has
+    reached the command already when it is in our group: passing it on again is a second
+    Ctrl-C, which cut the recorder's save short. Anything else (``kill PID``, a scheduler)
+    was meant for us and is passed on. Where ``sigtimedwait`` is missing, every signal is
+    passed on (the recorder's save holds a repeated Ctrl-C)."""
+    if not hasattr(signal, "sigtimedwait"):  # pragma: no cover - macOS, Windows
+        while (code := done()) is None:
+            time.sleep(0.05)
+        return int(code)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        while (code := done()) is None:
+            info = signal.sigtimedwait(FORWARDED, 0.1)
+            if info is None:
+                continue
+            if info.si_code == SI_KERNEL and _in_our_group(group_member):
+                continue
+            _send(targets, info.si_signo)
+        return int(code)
+    finally:
+        while signal.sigtimedwait(FORWARDED, 0) is not None:
+            pass  # handled here: none may reach the default handlers when unblocked
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _in_our_group(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _become_subreaper() -> bool:
+    """Linux: orphaned descendants are reparented to this process (PR_SET_CHILD_SUBREAPER)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def _left_running() -> list[int]:
+    """Our descendants still running (zombies reaped)."""
+    import psutil
+
+    while True:  # reap what has ended
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
 
 
 def mark_exit(run_dir: Path, code: int) -> None:

@@ -34,11 +34,12 @@ class ProcessHooks:
             r = ref()
             if r is not None and not r._closed:
                 r._record_exception(val)
-                r.close(status="crashed")
+                r._shutdown("crashed", deliver=False)
             prev_hook(tp, val, tb)
 
         sys.excepthook = self._excepthook = excepthook
         self._prev_sigterm: Any = None
+        self._in_sigterm = False
         if handle_sigterm and threading.current_thread() is threading.main_thread():
             try:
                 self._prev_sigterm = signal.getsignal(signal.SIGTERM)
@@ -61,11 +62,17 @@ class ProcessHooks:
         warnings.showwarning = self._showwarning = showwarning
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._in_sigterm:
+            # A second SIGTERM (a pod's and a forwarder's) while the first closes the run:
+            # the first one ends the process once the run is saved.
+            return
+        self._in_sigterm = True
         r = self._ref()
         if r is not None:
             r.event("signal", "received SIGTERM; closing the run", severity="warning",
                     subject="SIGTERM")
-            r.close(status="crashed")
+            r._shutdown("crashed", deliver=False)
+        self._in_sigterm = False
         prev = self._prev_sigterm
         if callable(prev):
             prev(signum, frame)
@@ -96,10 +103,13 @@ class ProcessHooks:
 def _close(ref: weakref.ref[Any]) -> None:
     r = ref()
     if r is not None:
-        r.close()
+        r._shutdown(None, deliver=False)
 
 
 def _inert(ref: weakref.ref[Any]) -> None:
     r = ref()
     if r is not None:
         r._closed = True
+        lock = getattr(getattr(r, "_rundir", None), "lock", None)
+        if lock is not None:  # the child's copy of the descriptor, not the parent's lock
+            lock.release()

@@ -35,6 +35,7 @@ from .config import RecorderConfig, check_arguments, unwrap_optimizer
 from .dist import rank_and_world
 from .gradients import GradReader
 from .hooks import compiled, unwrap_model, wrapped_in_ddp
+from .interrupts import HeldInterrupts, say_gave_up
 from .lifecycle import StepLifecycle
 from .loader import TimedLoader, batch_size_of
 from .process_hooks import ProcessHooks
@@ -174,6 +175,7 @@ class Recorder(StepLifecycle):
                 writer.close()
             if resume:
                 self._rundir.write(self._counters(), status="crashed")
+                self._rundir.lock.release()
             else:
                 self._rundir.discard()
         except Exception:
@@ -259,10 +261,16 @@ class Recorder(StepLifecycle):
         return TimedLoader(loader, self.data_wait_ended)
 
     def close(self, status: str | None = None) -> None:
-        """Flush everything, merge parts and mark the run completed (idempotent)."""
+        """Flush everything, merge parts and mark the run completed (idempotent). A Ctrl-C
+        during the save is held and delivered once it is done (interrupts.HeldInterrupts)."""
+        self._shutdown(status, deliver=True)
+
+    def _shutdown(self, status: str | None, *, deliver: bool) -> None:
+        """close(); ``deliver=False`` from the process hooks (excepthook, atexit, SIGTERM),
+        where the process is ending and a held Ctrl-C must not raise."""
         if getattr(self, "_closed", True):
             return
-        with self._lock:
+        with HeldInterrupts() as held, self._lock:
             if self._closed:
                 return
             self._closed = True
@@ -279,8 +287,9 @@ class Recorder(StepLifecycle):
             self._teardown_hooks()
             if self._sampler is not None:
                 self._sampler.stop()
-            self._writer.close()
-            if self.config.merge_on_close:
+            if not self._writer.close(give_up=lambda: held.expired):
+                say_gave_up(held.grace_s)
+            elif self.config.merge_on_close and not held.expired:
                 try:
                     merge_parts(self.run_dir, self.rank)
                 except Exception as exc:
@@ -289,6 +298,9 @@ class Recorder(StepLifecycle):
                 self._rundir.write(self._counters(), status=final)
             except Exception as exc:
                 self._count_error("run.json", exc)
+            self._rundir.lock.release()
+        if deliver:
+            held.deliver(unless_exiting=True)
 
     def __enter__(self) -> Recorder:
         return self

@@ -14,6 +14,7 @@ from torch import nn
 from tracealyze.format.parts import data_parts, rank_dir, remove_stale_tmp
 
 from .gradients import is_dtensor
+from .ranklock import RankLock
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .schema import SCHEMA_VERSION
 
@@ -51,6 +52,13 @@ class RunDir:
         except OSError as exc:
             raise ValueError(f"cannot write to run_dir {str(d)!r}: {exc.strerror or exc}") \
                 from exc
+        # One writer per rank folder, held until close (ranklock): checked before anything
+        # is read for resume or written.
+        self.lock = RankLock(d, rank)
+        try:
+            self.lock.acquire(flush_interval_s=flush_interval_s)
+        except OSError as exc:
+            raise ValueError(f"cannot lock rank {rank} of run_dir {str(d)!r}: {exc}") from exc
         self.resumed_from: int | None = None
         self.next_step = 0
         if resume and mine.exists():
@@ -77,6 +85,7 @@ class RunDir:
                 write_json_atomic(run_json, meta)
             write_json_atomic(self.rank_file, self.rank_meta)
         except OSError as exc:
+            self.lock.release()
             raise ValueError(f"cannot write run metadata in {str(d)!r}: {exc}") from exc
 
     @property
@@ -94,6 +103,8 @@ class RunDir:
         """Take back a new run whose start failed before any step: the metadata files
         written above (so a retry is not refused), and the directories if left empty."""
         files = [self.rank_file] + ([self.path / "run.json"] if self.rank == 0 else [])
+        self.lock.release()
+        files.append(self.lock.path)
         for f in files:
             f.unlink(missing_ok=True)
         for d in (self.rank_file.parent, self.path):

@@ -182,16 +182,24 @@ class Writer:
             self._wake.set()
         return True
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Drain the queue, flush everything and stop the thread (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stopping.set()
-        self._wake.set()
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self._wake.close()
+    def close(self, timeout: float = 60.0,
+              give_up: Callable[[], bool] | None = None) -> bool:
+        """Drain the queue, flush everything and stop the thread (idempotent). Waits at most
+        ``timeout`` s, and stops waiting once ``give_up()`` is true (a second Ctrl-C's grace
+        period ran out). True when the thread finished."""
+        if not self._closed:
+            self._closed = True
+            self._stopping.set()
+            self._wake.set()
+        end = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < end:
+            if give_up is not None and give_up():
+                return False
+            self._thread.join(0.05)
+        if self._thread.is_alive():
+            return False
+        self._wake.close()
+        return True
 
     @property
     def alive(self) -> bool:

@@ -77,7 +77,7 @@ def test_crafted_column_name_is_a_name(tmp_path: Path, i: int) -> None:
     assert not target.exists()
     with open_run(run) as r:
         esc = '"' + col.replace('"', '""') + '"'
-        cols, rows = r.query(f"SELECT count(*), min({esc}), max({esc}) FROM steps")
+        _, rows = r.query(f"SELECT count(*), min({esc}), max({esc}) FROM steps")
     assert rows == [(30, 7, 7)]
 
 
