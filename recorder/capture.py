@@ -142,14 +142,14 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]
     """
     if not acc.tensors:
         return None, None
-    if all(t.device.type == "cpu" for t in acc.tensors):
+    device = next((t.device for t in acc.tensors if t.device.type not in ("cpu", "meta")),
+                  None)
+    if device is None:
         return list(acc.tensors), None
     # Gather on the accelerator when there is one: a CPU scalar (say, a loss computed on the
     # host) is staged up with a tiny non-blocking copy, and the device pieces never go
     # through an unsynchronised copy into pageable host memory.
-    device = next(t.device for t in acc.tensors if t.device.type != "cpu")
-    parts = [t.reshape(-1).to(device=device, dtype=torch.float32, non_blocking=True)
-             for t in acc.tensors]
+    parts = [_staged(t, device) for t in acc.tensors]
     flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
     if device.type == "cuda":
         host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
@@ -160,6 +160,36 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]
     # Other accelerators (MPS, XPU, ...) have no pinned-copy + event path here: this
     # blocking copy is a host-device sync point, once per recorded step.
     return flat.to("cpu"), None
+
+
+def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` as float32 values on ``device``; NaN in its place where it cannot be moved (a
+    piece that slipped past :func:`watchable`): one bad piece never costs the step."""
+    try:
+        if t.device.type != "meta":
+            return t.reshape(-1).to(device=device, dtype=torch.float32, non_blocking=True)
+    except Exception:
+        pass
+    return torch.full((t.numel(),), float("nan"), device=device)
+
+
+def watchable(name: str, tensor: Any) -> torch.Tensor:
+    """``tensor`` as ``rec.watch`` can take it (a dense tensor with values; complex as its
+    magnitude); ValueError saying why not, so that only this watch is left out."""
+    if not isinstance(tensor, torch.Tensor):
+        tensor = torch.as_tensor(tensor)
+    why = None
+    if tensor.is_meta:
+        why = "is a meta tensor (it has no values)"
+    elif tensor.is_nested:
+        why = "is a nested tensor (pass its components, or .to_padded_tensor(0))"
+    elif tensor.is_quantized:
+        why = "is quantized (pass .dequantize())"
+    elif tensor.layout != torch.strided:
+        why = f"has layout {tensor.layout} (pass .to_dense())"
+    if why is not None:
+        raise ValueError(f"rec.watch({name!r}): the tensor {why}; left out")
+    return tensor.abs() if tensor.is_complex() else tensor
 
 
 def _text(value: Any) -> str | None:

@@ -30,7 +30,7 @@ from . import clipping
 from .activations import ActivationCapture
 from .amp import ScalerHook
 from .budget import NormBudget
-from .capture import Piece, StepAccum, event_row, exception_row
+from .capture import Piece, StepAccum, event_row, exception_row, watchable
 from .config import RecorderConfig, check_arguments, unwrap_optimizer
 from .dist import rank_and_world
 from .gradients import GradReader
@@ -340,10 +340,7 @@ class Recorder(StepLifecycle):
                       " training continues", file=sys.stderr)
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
-        if not isinstance(tensor, torch.Tensor):
-            tensor = torch.as_tensor(tensor)
-        if tensor.is_complex():
-            tensor = tensor.abs()
+        tensor = watchable(str(name), tensor)  # ValueError: only this watch is left out
         self._acc.add(Piece("watch", 8, (str(name),), (tensor.numel(),)),
                       self._full.one(tensor))
 

@@ -201,10 +201,19 @@ def _vector(host: Any) -> np.ndarray:
     """A step's values as one float32 vector: the pinned copy (accelerators), or the CPU
     pieces themselves (see capture.pack)."""
     if isinstance(host, list):
-        parts = [t.detach().numpy().reshape(-1) for t in host]
+        parts = [_numpy(t) for t in host]
         return (np.concatenate(parts, dtype=np.float32) if len(parts) > 1
                 else parts[0].astype(np.float32, copy=False))
     return host.numpy()
+
+
+def _numpy(t: Any) -> np.ndarray:
+    """One piece's values; NaN of its size where it cannot be read (each piece on its own:
+    one bad piece never costs the step's other values)."""
+    try:
+        return t.detach().numpy().reshape(-1)
+    except Exception:
+        return np.full(t.numel(), np.nan, np.float32)
 
 
 def _nullable(values: np.ndarray, present: np.ndarray) -> Any:

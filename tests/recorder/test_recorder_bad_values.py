@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from rec_helpers import FAST, batches, events, loss_fn, rows, run_json, steps_by_number, tiny_model
@@ -92,3 +93,63 @@ def test_config_checks_optional_fields(hint: Any, value: Any, ok: bool) -> None:
     else:
         with pytest.raises(ValueError, match="knob"):
             _check("knob", value, hint)
+
+
+def _odd_tensors() -> dict[str, Any]:
+    dense = torch.randn(3, 4)
+    return {
+        "meta": torch.empty(3, device="meta"),
+        "sparse_coo": dense.to_sparse(),
+        "sparse_csr": dense.to_sparse_csr(),
+        "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+        "quantized": torch.quantize_per_tensor(dense, 0.1, 0, torch.qint8),
+    }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # beta/prototype/deprecated layouts
+def test_a_bad_watch_is_left_out_alone(run_dir: Path) -> None:
+    """rec.watch(name, <meta tensor>) made the next step fail ("Cannot copy out of meta
+    tensor"): its loss, gradient norm and metrics were lost (10 of 20 rows kept)."""
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    odd = _odd_tensors()
+    n = 4 * len(odd)
+    with Recorder(run_dir, model=model, optimizer=opt, **FAST) as rec:
+        for i, (x, y) in enumerate(batches(n)):
+            loss = loss_fn(model, x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            kind = list(odd)[i % len(odd)]
+            rec.watch(f"odd_{kind}", odd[kind])
+            rec.watch("good", torch.full((3,), float(i)))
+            rec.watch("complex", torch.tensor([3 + 4j, 0j]))  # its magnitude
+            rec.step(loss=loss, acc=0.5)
+    got = steps_by_number(run_dir)
+    assert sorted(got) == list(range(n))
+    assert all(got[i]["loss"] is not None and got[i]["grad_norm"] is not None
+               for i in range(n))
+    watched = {(r["step"], r["name"]): r for r in rows(run_dir, "tensor_stats")
+               if r["kind"] == "watch"}
+    assert {name for _, name in watched} == {"good", "complex"}
+    assert all(watched[(i, "good")]["max"] == float(i) for i in range(n))
+    assert watched[(0, "complex")]["max"] == 5.0
+    assert len([r for r in rows(run_dir, "metrics") if r["name"] == "acc"]) == n
+    assert run_json(run_dir)["counters"]["recorder_errors"] == n
+    messages = " ".join(e["message"] for e in events(run_dir, "recorder_error"))
+    for kind in odd:
+        assert f"odd_{kind}" in messages, kind
+
+
+def test_a_meta_piece_past_validation_costs_only_its_values() -> None:
+    """Defence in depth: a piece that cannot be read becomes NaN; the step's other values
+    are kept (capture.pack, rows._vector)."""
+    from tracealyze.recorder.capture import StepAccum, pack
+    from tracealyze.recorder.rows import _vector
+
+    acc = StepAccum(step=0)
+    acc.tensors = [torch.tensor([1.0, 2.0]), torch.empty(2, device="meta"), torch.tensor([3.0])]
+    host, event = pack(acc)
+    assert event is None
+    v = _vector(host)
+    assert v[:2].tolist() == [1.0, 2.0] and v[-1] == 3.0 and np.isnan(v[2:4]).all()
