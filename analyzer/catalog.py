@@ -28,6 +28,7 @@ from tracealyze.format.runmeta import Liveness, MetaError, load_json
 from . import shards
 from .errors import QueryError, RunDirError, SchemaVersionError
 from .errors import one_line as _one_line
+from .live import RELISTS, RETRIES, RetryingConnection, vanished
 from .rank_groups import MANY_RANKS
 from .raw_traces import load_raw_traces
 from .schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
@@ -173,9 +174,10 @@ def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
 
 
 def _validate(files: list[Path], skipped: list[tuple[Path, str]],
-              table: str | None = None) -> list[tuple[Path, Any]]:
+              table: str | None = None) -> list[tuple[Path, Any]] | None:
     """(path, arrow schema) of the parts whose footer reads and whose known columns have a
-    type the view can cast (a ``list<int64>`` step is not data); others go to ``skipped``."""
+    type the view can cast (a ``list<int64>`` step is not data); others go to ``skipped``.
+    None when a part vanished since it was listed (a merge of a live run: list again)."""
     import pyarrow.parquet as pq
 
     want = dict(TABLES[table]) if table else {}
@@ -184,6 +186,8 @@ def _validate(files: list[Path], skipped: list[tuple[Path, str]],
         try:
             md = pq.read_metadata(f)
             schema = md.schema.to_arrow_schema()
+        except FileNotFoundError:
+            return None
         except Exception as e:  # any unreadable footer means: not usable data
             skipped.append((f, f"unreadable Parquet footer ({type(e).__name__}: "
                                f"{_one_line(e)[:160]})"))
@@ -206,15 +210,41 @@ def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool =
     error: there is nothing to analyse). The connection reads only files under ``path``
     unless ``allow_files`` (``query --allow-files``): sqlsafe.sandbox.
     """
-    run, valid = scan_run(path, allow_empty=allow_empty)
-    run.con = new_connection([run.run_dir], allow_files=allow_files)
-    try:
-        build_views(run.con, run, valid)
-        lock(run.con)
-    except RunDirError:
-        run.close()
-        raise
+    run, con = _scan_and_connect(path, allow_empty, allow_files)
+
+    def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
+        fresh, fresh_con = _scan_and_connect(run.run_dir, True, allow_files)
+        for name in ("meta", "rank_meta", "skipped_parts", "files", "raw_traces", "ranks"):
+            setattr(run, name, getattr(fresh, name))
+        return fresh_con
+
+    run.con = RetryingConnection(con, reopen)
     return run
+
+
+def _scan_and_connect(path: str | Path, allow_empty: bool, allow_files: bool
+                      ) -> tuple[Run, Any]:
+    """scan_run and a connection with the views; listed again when a part is merged away
+    while the views are built (DuckDB reads each file's schema then)."""
+    for attempt in range(RETRIES + 1):
+        run, valid = scan_run(path, allow_empty=allow_empty)
+        try:
+            return run, _connect(run, valid, allow_files)
+        except RunDirError as e:
+            if attempt == RETRIES or e.__cause__ is None or not vanished(e.__cause__):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _connect(run: Run, valid: dict[str, list[tuple[Path, Any]]], allow_files: bool) -> Any:
+    con = new_connection([run.run_dir], allow_files=allow_files)
+    try:
+        build_views(con, run, valid)
+        lock(con)
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def scan_run(path: str | Path, *, allow_empty: bool = False
@@ -254,12 +284,19 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
     ranks: set[int] = set(run.rank_meta)
     valid: dict[str, list[tuple[Path, Any]]] = {}
     for table in TABLE_NAMES:
-        # Only regular files in real rank folders: a link could pull another run's data in.
-        per_rank = table_parts(run_dir, table)
+        for _ in range(RELISTS):
+            # Only regular files in real rank folders: a link could pull another run's data.
+            per_rank = table_parts(run_dir, table)
+            files = [f for r in sorted(per_rank) for f in per_rank[r]]
+            skipped: list[tuple[Path, str]] = []
+            good = _validate(files, skipped, table)
+            if good is not None:
+                break
+        else:  # a writer merging without pause: take what still reads
+            files = [f for f in files if f.exists()]
+            good = _validate(files, skipped, table) or []
         ranks.update(per_rank)
-        files = [f for r in sorted(per_rank) for f in per_rank[r]]
-        skipped: list[tuple[Path, str]] = []
-        valid[table] = _validate(files, skipped, table)
+        valid[table] = good
         run.skipped_parts.extend(skipped)
         run.files[table] = [p for p, _ in valid[table]]
     traces_dir = run_dir / "traces"
