@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .display import MAX_NAME, MAX_TEXT, clip, clip_tree
+
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
 """Severity order, lowest first (DESIGN.md)."""
 
@@ -59,6 +61,12 @@ class Finding:
         if self.id not in FINDING_IDS:
             raise ValueError(f"unknown finding id {self.id!r}")
         severity_rank(self.severity)
+        # Names in findings come from the run (kernels, ops, events): shown, so bounded.
+        for name, limit in (("title", MAX_NAME), ("message", MAX_TEXT), ("advice", MAX_TEXT)):
+            object.__setattr__(self, name, clip(getattr(self, name), limit))
+        if self.subject is not None:
+            object.__setattr__(self, "subject", clip(self.subject, MAX_NAME))
+        object.__setattr__(self, "evidence", clip_tree(self.evidence))
 
     def to_json(self) -> dict[str, Any]:
         """The summary-JSON object of this finding."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .display import MAX_NAME
 from .downsample import bucket_expr, x_range
 from .figures import PALETTE, SEVERITY_COLOURS, Chart, esc, figure
 from .findings import SEVERITIES
@@ -18,6 +19,8 @@ MAX_MESSAGE = 2000
 MAX_STACK = 8000
 """Characters kept of a message / stack trace (the list must not blow the file size up)."""
 TIMELINE_BUCKETS = 400
+MAX_HOVER = 300
+"""Characters of a message or subject in the timeline's hover text."""
 
 _SEV_RANK = "CASE severity WHEN 'critical' THEN 3 WHEN 'error' THEN 2 WHEN 'warning' THEN 1 " \
             "ELSE 0 END"
@@ -29,6 +32,13 @@ def _cut(text: str | None, limit: int) -> str | None:
     return text[:limit] + f"\n… ({len(text) - limit:,} more characters)"
 
 
+def _more(head: str | None, total: int | None) -> str | None:
+    """A string cut in SQL to ``head``, and how much more there was."""
+    if head is None or total is None or total <= len(head):
+        return head
+    return head + f"\n… ({total - len(head):,} more characters)"
+
+
 def event_rows(ctx: ReportContext) -> tuple[list[dict[str, Any]], int, int]:
     """(grouped rows for the list, number of groups, number of events)."""
     total = ctx.scalar("SELECT count(*) FROM events") or 0
@@ -37,19 +47,23 @@ def event_rows(ctx: ReportContext) -> tuple[list[dict[str, Any]], int, int]:
     groups = ctx.scalar(
         "SELECT count(*) FROM (SELECT DISTINCT kind, severity, subject, message, stack "
         "FROM events)") or 0
+    # Cut in SQL: a 100 MB message is grouped on, never fetched (nor put into the page).
     rows = ctx.con.execute(
-        f"""SELECT kind, severity, subject, message, stack, count(*) AS n,
+        f"""SELECT left(kind, {MAX_NAME}), severity, left(subject, {MAX_NAME}),
+                   left(message, {MAX_MESSAGE}), length(message),
+                   left(stack, {MAX_STACK}), length(stack), count(*) AS n,
                    min(step) AS first_step, max(step) AS last_step, min(time) AS t,
-                   list(DISTINCT rank ORDER BY rank) AS ranks, arg_min(details, time) AS details,
+                   list(DISTINCT rank ORDER BY rank) AS ranks,
+                   left(arg_min(details, time), 1001) AS details,
                    max({_SEV_RANK}) AS sev
             FROM events GROUP BY kind, severity, subject, message, stack
             ORDER BY sev DESC, t LIMIT {MAX_ROWS}""").fetchall()
     out = []
-    for kind, sev, subject, msg, stack, n, s0, s1, t, ranks, details, _ in rows:
+    for kind, sev, subject, msg, mlen, stack, slen, n, s0, s1, t, ranks, details, _ in rows:
         out.append({
             "kind": kind or "", "severity": sev if sev in SEVERITIES else "info",
-            "subject": subject, "message": _cut(msg, MAX_MESSAGE) or "",
-            "stack": _cut(stack, MAX_STACK),
+            "subject": subject, "message": _more(msg, mlen) or "",
+            "stack": _more(stack, slen),
             "details": _cut(details, 1000) if details not in (None, "", "{}") else None,
             "count": int(n), "first_step": s0, "last_step": s1, "time": t,
             "ranks": ", ".join(str(r) for r in (ranks or [])[:16]),
@@ -72,7 +86,8 @@ def events_chart(ctx: ReportContext) -> Chart | None:
     b = bucket_expr(x, lo, hi, TIMELINE_BUCKETS)
     rows = ctx.con.execute(
         f"""SELECT kind, severity, {b} AS b, min({x}) AS s, count(*) AS n,
-                   arg_min(message, time) AS msg, arg_min(subject, time) AS subj
+                   left(arg_min(message, time), {MAX_HOVER}) AS msg,
+                   left(arg_min(subject, time), {MAX_HOVER}) AS subj
             FROM events GROUP BY ALL ORDER BY kind, b""").fetchall()
     kinds = sorted({r[0] or "" for r in rows})
     traces = []

@@ -100,7 +100,11 @@ def args_json(args: dict[str, Any], promoted: frozenset[str]) -> str | None:
     kept = {k: v for k, v in args.items() if k not in promoted}
     if not kept:
         return None
-    text = dumps(kept)
+    try:
+        text = dumps(kept)
+    except (TypeError, ValueError, RecursionError):
+        # nested past orjson's 255 levels: no profiler writes such args
+        return None
     if len(text) > ARGS_MAX_BYTES:
         # Long input-shape lists and concrete inputs of big ops: keep the scalars only.
         kept = {k: v for k, v in kept.items() if not isinstance(v, (list, dict))}

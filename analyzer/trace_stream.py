@@ -22,12 +22,9 @@ whole documents, which is what made a 531 MB trace take 4.95 GB of RAM.
 from __future__ import annotations
 
 import gc
-import gzip
-import hashlib
 import io
 import json
 import tempfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +47,7 @@ from .trace_fields import (
     trace_id,
 )
 from .trace_ranks import rank_of_trace
+from .trace_reader import MAX_DEPTH, READ_SIZE, GuardedReader, Limits
 from .trace_steps import assign_steps, finish_in_memory
 
 BATCH = 16_384
@@ -57,93 +55,6 @@ BATCH = 16_384
 IN_MEMORY = 131_072
 """A trace of at most this many events is kept as Arrow batches (~15 MB) and finished in
 numpy; a bigger one goes through a scratch Parquet file and DuckDB (bounded memory)."""
-READ_SIZE = 1 << 20
-EDGE = 1 << 20
-"""Bytes kept from the start and the end of the trace for its metadata."""
-DEFAULT_MAX_RATIO = 200.0
-"""Refuse a gzip trace that decompresses to more than this many times its size (Kineto
-traces compress 5-30x; a 1 MB gzip bomb expands 2,000x) ..."""
-BOMB_CHECK_BYTES = 256 << 20
-"""... once it has produced this much (a small, very repetitive trace is fine)."""
-
-
-
-@dataclass
-class Limits:
-    """Guards against decompression bombs; ``None`` turns one off."""
-
-    max_ratio: float | None = DEFAULT_MAX_RATIO
-    """Most decompressed bytes per compressed byte of a gzip trace."""
-    max_bytes: int | None = None
-    """Most decompressed bytes of any trace."""
-    check_after: int = BOMB_CHECK_BYTES
-    """The ratio is checked once this many bytes came out."""
-
-
-class GuardedReader(io.RawIOBase):
-    """The trace's decompressed bytes for ijson, counted, hashed and guarded."""
-
-    def __init__(self, path: Path, limits: Limits) -> None:
-        self.path, self.limits = path, limits
-        try:
-            self._file = open(path, "rb")  # noqa: SIM115 (closed in close())
-        except OSError as e:
-            raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from e
-        self.gzip = self._file.read(2) == b"\x1f\x8b"
-        self._file.seek(0)
-        self._src: Any = gzip.GzipFile(fileobj=self._file) if self.gzip else self._file
-        self.n = 0
-        self.sha = hashlib.sha1()
-        self.head = bytearray()
-        self.tail = b""
-        self.pushed = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        n = len(data)
-        b[:n] = data
-        return n
-
-    def read(self, size: int = -1) -> bytes:
-        if size == 0:  # (ijson's probe: bytes or str?)
-            return b""
-        if self.pushed:  # given back by the form check, already counted
-            data, self.pushed = self.pushed, b""
-            return data
-        try:
-            data = self._src.read(size if size and size > 0 else READ_SIZE)
-        except (EOFError, OSError, zlib.error) as e:
-            raise TraceError(f"trace {self.path} is a truncated or corrupt gzip file "
-                             f"({e})") from e
-        self.n += len(data)
-        self.sha.update(data)
-        if len(self.head) < EDGE:
-            self.head += data[:EDGE - len(self.head)]
-        self.tail = data[-EDGE:] if len(data) >= EDGE else (self.tail + data)[-EDGE:]
-        self._guard()
-        return data
-
-    def _guard(self) -> None:
-        lim = self.limits
-        if lim.max_bytes is not None and self.n > lim.max_bytes:
-            raise TraceError(f"trace {self.path} decompresses to more than {lim.max_bytes:,} "
-                             "bytes (the limit set); raise it to import this trace")
-        if self.gzip and lim.max_ratio is not None and self.n >= lim.check_after:
-            ratio = self.n / max(self._file.tell(), 1)
-            if ratio > lim.max_ratio:
-                raise TraceError(
-                    f"trace {self.path} expands {ratio:,.0f}x when decompressed (over "
-                    f"{lim.max_ratio:g}x): refusing a possible decompression bomb; "
-                    "use --max-ratio to import it anyway")
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
-
-
 def edge_meta(head: bytes, tail: bytes) -> dict[str, Any]:
     """``distributedInfo`` and ``trace_id`` from the first and last MiB of the trace: the
     top-level keys before ``traceEvents`` are parsed from the head; keys written after it
@@ -308,6 +219,8 @@ def _lists(reader: GuardedReader, fast: bool) -> tuple[Iterator[list[Any]], bool
                          "Chrome/Kineto trace)")
     if fast:
         return chunked_events(reader, first), lead == b"["
+    reader.max_depth = MAX_DEPTH
+    reader._check_depth(first)  # already read, before the guard was set
     reader.pushed = first
     prefix = "item" if lead == b"[" else "traceEvents.item"
     items = ijson.items(reader, prefix, use_float=True, buf_size=READ_SIZE)

@@ -29,7 +29,8 @@ from .trace_fields import (
     TRACE_EVENTS_SCHEMA,
     trace_id,
 )
-from .trace_stream import READ_SIZE, GuardedReader, Limits, edge_meta, ingest
+from .trace_reader import READ_SIZE, GuardedReader, Limits
+from .trace_stream import edge_meta, ingest
 
 __all__ = ["ARGS_MAX_BYTES", "GPU_ACTIVITY_CATS", "GPU_SIDE_CATS", "LAUNCH_CATS",
            "TRACE_EVENTS_SCHEMA", "read_trace", "trace_id_for"]
