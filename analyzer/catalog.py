@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
 
+from tracealyze.format.metaschema import RANK_FIELDS, RUN_FIELDS, check_meta
 from tracealyze.format.parts import (
     RANK_FILE_RE,
     is_real_dir,
@@ -26,25 +27,28 @@ from tracealyze.format.parts import (
 from tracealyze.format.runmeta import Liveness, MetaError, load_json
 
 from . import shards
-from .errors import QueryError, RunDirError, SchemaVersionError
+from .errors import RunDirError, SchemaVersionError
 from .errors import one_line as _one_line
 from .live import RELISTS, RETRIES, RetryingConnection, vanished
 from .rank_groups import MANY_RANKS
 from .raw_traces import load_raw_traces
 from .schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
-from .sqlsafe import check_user_sql, execute_one, ident, lock, sandbox
+from .sqlsafe import execute_one, ident, lock, read_query, sandbox
 from .view_sql import arrow_to_logical as _arrow_to_logical
 from .view_sql import view_sql as _view_sql
 
-# Statements a user's `query` may run: reads only (a COPY ... TO could write into the run).
-_READ_STATEMENTS = {"SELECT", "EXPLAIN"}
 
-
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, fields: dict[str, tuple[type, ...]] = RUN_FIELDS,
+               problems: list[str] | None = None) -> dict[str, Any]:
+    """A metadata file checked against its schema (format.metaschema): a field of the wrong
+    type is left out and named in ``problems``."""
     try:
-        return load_json(path)
+        meta, bad = check_meta(load_json(path), fields)
     except MetaError as e:
         raise RunDirError(str(e)) from None
+    if problems is not None:
+        problems += [f"{path.name}: {b}" for b in bad]
+    return meta
 
 
 class Views:
@@ -77,6 +81,8 @@ class Run(Views):
         self.meta: dict[str, Any] = meta
         self.rank_meta: dict[int, dict[str, Any]] = {}
         self.skipped_parts: list[tuple[Path, str]] = []
+        self.meta_problems: list[str] = []
+        """Fields of run.json / rank files left out for their type (format.metaschema)."""
         self.files: dict[str, list[Path]] = {t: [] for t in TABLE_NAMES}
         self.raw_traces: list[tuple[int, Path]] = []
         self.ranks: list[int] = []
@@ -150,24 +156,6 @@ class Run(Views):
 
     def __repr__(self) -> str:
         return f"Run({str(self.run_dir)!r}, status={self.status!r}, ranks={self.ranks})"
-
-
-def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run one read-only SQL statement over ``con``: ``(column names, rows)``; QueryError
-    on failure or on anything but a read."""
-    import duckdb
-
-    check_user_sql(con, sql, _READ_STATEMENTS)
-    try:
-        rel = con.execute(sql)
-        rows = rel.fetchall()
-        cols = [d[0] for d in rel.description] if rel.description else []
-    except duckdb.Error as e:
-        msg = _one_line(e)
-        if "does not exist" in msg and ("Table" in msg or "table" in msg):
-            msg += f" (tables: {', '.join(TABLE_NAMES)})"
-        raise QueryError(msg) from e
-    return cols, rows
 
 
 # ---------------------------------------------------------------------- discovery
@@ -251,6 +239,12 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
              ) -> tuple[Run, dict[str, list[tuple[Path, Any]]]]:
     """Read ``path``'s metadata and list its readable parts (no connection yet)."""
     run_dir = Path(path)
+    try:  # DuckDB takes paths as UTF-8 text: a name that is not cannot be read
+        str(run_dir.resolve()).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RunDirError(f"the run directory's path is not valid UTF-8: "
+                          f"{str(run_dir).encode('utf-8', 'backslashreplace').decode()}; "
+                          "rename it to read the run") from None
     if not run_dir.exists():
         raise RunDirError(f"no such directory: {run_dir}")
     if not run_dir.is_dir():
@@ -258,7 +252,8 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
     meta_path = run_dir / "run.json"
     if not is_regular(meta_path):
         raise RunDirError(f"not a run directory (no run.json): {run_dir}")
-    meta = _read_json(meta_path)
+    problems: list[str] = []
+    meta = _read_json(meta_path, RUN_FIELDS, problems)
     version = meta.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise RunDirError(f"{meta_path} has no integer schema_version")
@@ -270,6 +265,7 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
             f"({SCHEMA_VERSION}); upgrade tracealyze")
 
     run = Run(run_dir.resolve(), meta)
+    run.meta_problems = problems
     ranks_dir = run_dir / "ranks"
     if is_real_dir(ranks_dir):
         for f in sorted(ranks_dir.iterdir()):
@@ -277,7 +273,7 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
             if r is None or not is_regular(f):
                 continue
             try:
-                run.rank_meta[r] = _read_json(f)
+                run.rank_meta[r] = _read_json(f, RANK_FIELDS, problems)
             except RunDirError as e:  # one torn rank file must not hide the run
                 run.skipped_parts.append((f, str(e)))
 

@@ -28,8 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import QueryError, RunDirError, one_line
+from .schema import TABLE_NAMES
 
 _SPILL_DIR: str | None = None
+
+READ_STATEMENTS = {"SELECT", "EXPLAIN"}
+"""Statements a user's ``query`` may run: reads only (a COPY ... TO could write a file)."""
 
 
 def ident(name: str) -> str:
@@ -109,3 +113,21 @@ def check_user_sql(con: Any, sql: str, allowed_kinds: set[str]) -> None:
     if kind not in allowed_kinds:
         raise QueryError(f"only read statements (SELECT, DESCRIBE, ...) are allowed, "
                          f"not {kind}: the analyzer never writes")
+
+
+def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one read-only SQL statement over ``con``: ``(column names, rows)``; QueryError
+    on failure or on anything but a read."""
+    import duckdb
+
+    check_user_sql(con, sql, READ_STATEMENTS)
+    try:
+        rel = con.execute(sql)
+        rows = rel.fetchall()
+        cols = [d[0] for d in rel.description] if rel.description else []
+    except duckdb.Error as e:
+        msg = one_line(e)
+        if "does not exist" in msg and ("Table" in msg or "table" in msg):
+            msg += f" (tables: {', '.join(TABLE_NAMES)})"
+        raise QueryError(msg) from e
+    return cols, rows

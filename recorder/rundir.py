@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tracealyze.format.metaschema import check_meta
 from tracealyze.format.parts import data_parts, rank_dir, remove_stale_tmp
 
 from .gradients import is_dtensor
@@ -35,6 +36,8 @@ class RunDir:
         run_json = d / "run.json"
         mine = run_json if rank == 0 else self.rank_file
         existing = read_json(run_json) if run_json.exists() else None
+        if existing is not None:  # fields of the wrong type are left out, not tripped on
+            existing = check_meta(existing)[0]
         if run_json.exists() and existing is None and rank == 0:
             raise ValueError(f"{run_json} exists but is not readable JSON; refusing to "
                              "overwrite it (move it away or choose another run_dir)")

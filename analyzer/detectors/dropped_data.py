@@ -97,4 +97,15 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             advice="Nothing is lost beyond those files; if many, check the disk and the "
                    "filesystem the run dir lives on.",
             evidence={"skipped": rel[:50], "count": len(rel)}))
+    problems = getattr(run, "meta_problems", [])
+    if problems:
+        out.append(Finding(
+            id=ID, severity="warning", subject=problems[0].split(":")[0],
+            title=f"{len(problems)} run metadata field(s) of the wrong type left out",
+            message=(f"The run's metadata has field(s) of the wrong type, read as absent: "
+                     f"{'; '.join(problems[:5])}. What they describe (model, device, "
+                     "counters, ...) is missing from the findings."),
+            advice="A recorder writes these fields with the right types: the file was "
+                   "edited or written by another tool.",
+            evidence={"fields": problems[:50], "count": len(problems)}))
     return out
