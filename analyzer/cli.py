@@ -66,6 +66,12 @@ def main() -> None:
       tracealyze summary runs/exp1
       tracealyze query runs/exp1 "SELECT step, loss FROM steps ORDER BY step DESC LIMIT 5"
     """
+    import warnings
+
+    # A run's extreme values (a step of 1e308 s, inf norms) overflow numpy arithmetic: the
+    # result (inf) is what is shown; numpy's RuntimeWarning is noise on the terminal. Set
+    # once, before any reader thread starts (a per-call catch_warnings is not thread-safe).
+    warnings.simplefilter("ignore", RuntimeWarning)
 
 
 @main.command()

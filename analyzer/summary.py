@@ -110,10 +110,10 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
     (steps,) = run.con.execute("SELECT count(DISTINCT step) FROM steps").fetchone()
     out: dict[str, Any] = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
-        "run": {"run_id": run.run_id, "status": run.status, "steps": int(steps),
-                "ranks": list(run.ranks),
-                # status stays "running" for a killed run (it never said otherwise): this says
-                # whether its heartbeat is stale by the format's rule
+        # "killed": marked running, but its heartbeat is stale by the format's rule (run.json
+        # still says running: nobody got to say otherwise); "killed": true says the same
+        "run": {"run_id": run.run_id, "status": "killed" if run.killed else run.status,
+                "steps": int(steps), "ranks": list(run.ranks),
                 "killed": run.killed, "heartbeat_age_s": run.heartbeat_age_s()},
         "findings": [f.to_json() for f in findings],
         # what could not be checked, and why (a healthy verdict covers only the rest)

@@ -84,7 +84,7 @@ def to_int(v: Any) -> int | None:
     if v is None or isinstance(v, bool):
         return None
     if isinstance(v, float):
-        return int(v) if v == v and abs(v) < 2**63 else None
+        return int(v) if v.is_integer() and abs(v) < 2**63 else None
     if isinstance(v, str):
         try:
             return int(v, 0)

@@ -63,8 +63,10 @@ def trace_files(paths: Iterable[Path], skipped: list[Path] | None = None) -> lis
             if not found:
                 raise TraceError(f"{p} holds no trace files (*.json, *.json.gz)")
             out.extend(found)
-        elif p.exists():
+        elif p.is_file():
             out.append(p)
+        elif p.exists():  # a FIFO or a device would block the read, or never end it
+            raise TraceError(f"{p} is not a regular file (a FIFO, device or socket)")
         else:
             raise TraceError(f"{p}: no such file or directory")
     seen: set[Path] = set()
@@ -88,7 +90,11 @@ def rank_of_trace(path: Path, meta: dict[str, Any], rank: int | None = None) -> 
     file name, else 0; TraceError when it is out of range."""
     if rank is None:
         dist = meta.get("distributedInfo")
-        rank = to_int(dist.get("rank")) if isinstance(dist, dict) else None
+        given = dist.get("rank") if isinstance(dist, dict) else None
+        rank = to_int(given)
+        if given is not None and rank is None:
+            raise TraceError(f"trace {path} has distributedInfo.rank {given!r}: not an "
+                             "integer rank")
         if rank is None:
             rank = rank_in_name(path)
         rank = rank if rank is not None else 0

@@ -109,17 +109,27 @@ class GuardedReader(io.RawIOBase):
                     "use --max-ratio to import it anyway")
 
     def _check_depth(self, data: bytes) -> None:
-        b = np.frombuffer(data, np.uint8)
-        step = ((b == 0x5B) | (b == 0x7B)).astype(np.int32)  # [ {
-        step -= (b == 0x5D) | (b == 0x7D)  # ] }
-        if not len(step):
-            return
-        depth = self._depth + np.cumsum(step)
-        if int(depth.max()) > (self.max_depth or 0):
-            raise TraceError(f"trace {self.path} nests arrays or objects more than "
-                             f"{self.max_depth} levels deep: not a Chrome/Kineto trace")
-        self._depth = int(depth[-1])
+        peak, self._depth = depth_scan(data, self._depth)
+        if peak > (self.max_depth or 0):
+            raise too_deep(self.path, self.max_depth or 0)
 
     def close(self) -> None:
         self._file.close()
         super().close()
+
+
+def depth_scan(data: bytes, start: int = 0) -> tuple[int, int]:
+    """(deepest, final) bracket depth of ``data`` from depth ``start``; brackets inside
+    strings count too (a bound, never an underestimate of the real nesting)."""
+    b = np.frombuffer(data, np.uint8)
+    if not len(b):
+        return start, start
+    step = ((b == 0x5B) | (b == 0x7B)).astype(np.int32)  # [ {
+    step -= (b == 0x5D) | (b == 0x7D)  # ] }
+    depth = start + np.cumsum(step)
+    return max(start, int(depth.max())), int(depth[-1])
+
+
+def too_deep(path: Path, limit: int) -> TraceError:
+    return TraceError(f"trace {path} nests arrays or objects more than {limit} levels deep: "
+                      "not a Chrome/Kineto trace")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import io
 import json
+import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,24 +48,29 @@ from .trace_fields import (
     trace_id,
 )
 from .trace_ranks import rank_of_trace
-from .trace_reader import MAX_DEPTH, READ_SIZE, GuardedReader, Limits
+from .trace_reader import MAX_DEPTH, READ_SIZE, GuardedReader, Limits, depth_scan, too_deep
 from .trace_steps import assign_steps, finish_in_memory
 
 BATCH = 16_384
 """Events per Arrow record batch of the first pass: ~25 MB of parsed Python dicts at most."""
+_EVENTS_LIST = re.compile(rb'"traceEvents"\s*:\s*\[')
 IN_MEMORY = 131_072
 """A trace of at most this many events is kept as Arrow batches (~15 MB) and finished in
 numpy; a bigger one goes through a scratch Parquet file and DuckDB (bounded memory)."""
-def edge_meta(head: bytes, tail: bytes) -> dict[str, Any]:
+def edge_meta(head: bytes, tail: bytes, path: Path | None = None) -> dict[str, Any]:
     """``distributedInfo`` and ``trace_id`` from the first and last MiB of the trace: the
     top-level keys before ``traceEvents`` are parsed from the head; keys written after it
-    are looked up in the tail."""
+    are looked up in the tail. Bytes nested past MAX_DEPTH are refused before any parser
+    sees them (TraceError): the fast path never parsed the head."""
     import ijson
 
     meta: dict[str, Any] = {}
     cut = head.find(b'"traceEvents"')
     if cut >= 0:  # (not the events themselves: only what comes before them)
         head = head[:cut]
+    for part in (head, tail):
+        if depth_scan(part)[0] > MAX_DEPTH:
+            raise too_deep(path or Path("?"), MAX_DEPTH)
     try:  # '{"schemaVersion": 1, "distributedInfo": {...}, ' closed into a whole object
         whole = json.loads(bytes(head).rstrip().rstrip(b",") + b"}")
         meta.update(whole if isinstance(whole, dict) else {})
@@ -193,9 +199,9 @@ def stream_events(path: Path, out: Path, *, rank: int | None = None,
         finally:
             reader.close()
         break
-    meta = edge_meta(bytes(reader.head), reader.tail)
-    if not array_form and n == 0 and b'"traceEvents"' not in reader.head \
-            and b'"traceEvents"' not in reader.tail:
+    meta = edge_meta(bytes(reader.head), reader.tail, path)
+    if not array_form and n == 0 and not any(
+            _EVENTS_LIST.search(edge) for edge in (reader.head, reader.tail)):
         raise TraceError(f"trace {path} has no 'traceEvents' list; not a Chrome/Kineto trace")
     digest = reader.sha.hexdigest()[:12]
     info = Ingested(trace_id=trace_id(path, meta, digest),

@@ -45,6 +45,8 @@ NESTED: dict[str, dict[str, tuple[type, ...]]] = {
 
 
 def _fits(value: Any, types: tuple[type, ...]) -> bool:
+    if value is None:
+        return True  # null: not known (see check_meta for containers)
     if isinstance(value, bool) and bool not in types:
         return False  # JSON true is not a number
     if isinstance(value, float) and float not in types:
@@ -58,20 +60,23 @@ def _json_type(value: Any) -> str:
                                                                         type(value).__name__)
 
 
-def check_meta(meta: dict[str, Any], fields: dict[str, tuple[type, ...]] = RUN_FIELDS
-               ) -> tuple[dict[str, Any], list[str]]:
+def check_meta(meta: dict[str, Any], fields: dict[str, tuple[type, ...]] = RUN_FIELDS,
+               where: str = "") -> tuple[dict[str, Any], list[str]]:
     """``meta`` without the fields whose type is wrong, and what was left out."""
     out: dict[str, Any] = {}
     problems: list[str] = []
     for key, value in meta.items():
         types = fields.get(key)
+        if value is None and types is not None and _N not in types and (
+                dict in types or list in types):
+            continue  # a null object or array: absent, as readers expect to descend into it
         if types is not None and not _fits(value, types):
-            problems.append(f"field {key!r} is {_json_type(value)}: left out")
+            problems.append(f"field '{where}{key}' is {_json_type(value)}: left out")
             continue
-        inner = NESTED.get(key)
+        inner = NESTED.get(key) if not where else None
         if inner is not None and isinstance(value, dict):
-            value, sub = check_meta(value, inner)
-            problems += [f"{key}.{p.removeprefix('field ')}" for p in sub]
+            value, sub = check_meta(value, inner, f"{key}.")
+            problems += sub
         out[key] = value
     dropped = out.get("counters", {}).get("dropped")
     if isinstance(dropped, dict):

@@ -21,6 +21,7 @@ Each call is cheap, never syncs with the device, and never raises.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -41,6 +42,9 @@ class StepLifecycle:
     _pending_sig: tuple[int, int] | None
     _grad_rows: bool
     _batch_noted: bool
+    _lock: Any  # threading.RLock: the public calls may come from several threads
+    _train_thread: int | None  # ident of the thread that trains (see step())
+    _side_noted: bool
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              **metrics: Any) -> None:
@@ -49,7 +53,38 @@ class StepLifecycle:
         ``lr`` defaults to the optimizer's first param group."""
         if self._closed or is_compiling():
             return
+        if not self._training_thread():
+            self._guard("step", self._side_values, loss, metrics)
+            return
         self._guard("step", self._step_ended, loss, step, lr, metrics)
+
+    def _training_thread(self) -> bool:
+        """Whether this thread trains: the one the optimizer steps in (its pre-hook says;
+        until it first fires, the thread that made the recorder), else, without an
+        optimizer, the first to call step()."""
+        me = threading.get_ident()
+        if self._train_thread is None:
+            self._train_thread = me
+        return me == self._train_thread
+
+    def _side_values(self, loss: Any, metrics: dict[str, Any]) -> None:
+        """step() from another thread (a logger, a monitor) must not end the training
+        thread's step under it: its values join the open step as metrics (a loss as the
+        metric ``loss``), and the training thread ends the step."""
+        if loss is not None:
+            metrics = {"loss": loss, **metrics}
+        with self._lock:
+            acc = self._acc
+            bad = [(str(k), v) for k, v in metrics.items()
+                   if not acc.add_scalar("metric", v, metric=str(k))]
+            if bad:
+                self._drop_values(acc.step, bad)
+        if not self._side_noted:
+            self._side_noted = True
+            self.event("step_from_another_thread",
+                       f"rec.step() was called from thread {threading.current_thread().name}, "
+                       "not the training thread: its values are added to the open step as "
+                       "metrics, and the training thread ends the step", severity="info")
 
     def step_ended(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
                    **metrics: Any) -> None:
@@ -63,11 +98,12 @@ class StepLifecycle:
         ``data.batch_size`` (per rank), so that ``compare`` can tell runs apart that
         differ in batch size."""
         if not self._closed:
-            acc = self._acc
-            acc.data_wait_s += seconds
-            acc.waited = True
-            if acc.data_ready is None:
-                acc.data_ready = time.perf_counter()
+            with self._lock:  # (a loader thread may call this while the step ends)
+                acc = self._acc
+                acc.data_wait_s += seconds
+                acc.waited = True
+                if acc.data_ready is None:
+                    acc.data_ready = time.perf_counter()
             if batch is not None and not self._batch_noted:
                 self._batch_noted = True
                 self._guard("batch size", self._note_batch, batch)
@@ -202,6 +238,7 @@ class StepLifecycle:
             self._hook_target().floats["grad_clip"] = [max_norm]
 
     def _before_update(self) -> None:
+        self._train_thread = threading.get_ident()  # the optimizer steps where training runs
         self._gradients_ready()
         target = self._hook_target()
         # Once a step: a framework may call gradients_ready() again after the update (the

@@ -131,6 +131,10 @@ class Recorder(StepLifecycle):
         self._last_end = time.time()
         self._closed = False
         self._batch_noted = False
+        # with an optimizer: this thread until its pre-hook says where training runs
+        self._train_thread: int | None = (threading.get_ident() if self.optimizer is not None
+                                          else None)
+        self._side_noted = False
         self._status = "running"
         self._handles: list[Any] = []
         self._act: ActivationCapture | None = None
@@ -341,8 +345,9 @@ class Recorder(StepLifecycle):
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         tensor = watchable(str(name), tensor)  # ValueError: only this watch is left out
-        self._acc.add(Piece("watch", 8, (str(name),), (tensor.numel(),)),
-                      self._full.one(tensor))
+        stats = self._full.one(tensor)
+        with self._lock:  # another thread may be ending the step (its accumulator swapped)
+            self._acc.add(Piece("watch", 8, (str(name),), (tensor.numel(),)), stats)
 
     def _emit_system(self, row: dict[str, Any]) -> None:
         self._writer.submit(lambda w: w.append("system", {k: [v] for k, v in row.items()}),

@@ -157,3 +157,30 @@ def test_killed_long_after_a_heartbeat_by_the_documented_rule(tmp_path):
             if f["id"] == "training_crashed"] == ["info"]
     assert [f["severity"] for f in build_summary(stale)["findings"]
             if f["id"] == "training_crashed"] == ["error"]
+
+
+@pytest.mark.parametrize("doc, word", [
+    ('{"traceEvents": {"a": 1}}', "no 'traceEvents' list"),
+    ('{"distributedInfo": {"rank": 1.5}, "traceEvents": [{"ph": "X", "ts": 1, "dur": 2, '
+     '"name": "a", "cat": "cpu_op"}]}', "not an integer rank"),
+    ('{"distributedInfo": {"rank": true}, "traceEvents": []}', "not an integer rank"),
+    ('{"x": ' + "[" * 5000 + "1" + "]" * 5000 + ', "traceEvents": [{"ph": "X", "ts": 1, '
+     '"dur": 2, "name": "a", "cat": "cpu_op"}]}', "levels deep"),
+    ('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2, "name": "a", "cat": "cpu_op"}], '
+     '"distributedInfo": ' + "[" * 5000, "levels deep"),
+])
+def test_import_trace_refuses_odd_documents_in_one_line(tmp_path, runner, doc, word):
+    """N15: a traceEvents object gave exit 0 and events=0; rank 1.5 silently became 1."""
+    trace = tmp_path / "t.json"
+    trace.write_text(doc)
+    res = runner.invoke(main, ["import-trace", str(trace), str(tmp_path / "run")])
+    assert res.exit_code == 2, res.output
+    assert word in bad(res) and "Traceback" not in res.output
+    assert not (tmp_path / "run" / "trace_events").exists()
+
+
+def test_import_trace_of_a_fifo_is_one_line_not_a_hang(tmp_path, runner):
+    fifo = tmp_path / "t.json"
+    os.mkfifo(fifo)
+    res = runner.invoke(main, ["import-trace", str(fifo), str(tmp_path / "run")])
+    assert res.exit_code == 2 and "not a regular file" in bad(res)

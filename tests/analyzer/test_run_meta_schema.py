@@ -54,7 +54,7 @@ def test_the_issues_repro_and_its_kin(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["summary", str(run), "--json"])
     found = [f for f in json.loads(res.output)["findings"] if f["id"] == "dropped_data"]
     fields = " ".join(" ".join(f["evidence"].get("fields", [])) for f in found)
-    for name in ("'model'", "'device'", "'counters'", "'world_size'", "batch_size",
+    for name in ("'model'", "'device'", "'counters'", "'world_size'", "'data.batch_size'",
                  "'steps'", "'heartbeat'"):
         assert name in fields, name
     res = CliRunner().invoke(main, ["report", str(run), "-o", str(tmp_path / "r.html")])
