@@ -26,6 +26,19 @@ def _train(run: Path, *, slow_s: float = 0.004, steps: int = 300, lr: float = 0.
     its step time is mostly that wait, steady from run to run on a shared machine, where
     millisecond compute steps vary by 10-40% between consecutive runs."""
     torch.manual_seed(0)
+    # One intra-op thread: after each 12 ms loader sleep, the OpenMP pool of a 2-core machine
+    # takes ~3 ms to wake for this tiny forward (0.1 ms otherwise), which made the slow
+    # loader's compute look slower and its data-wait share *smaller* ("mixed", not
+    # "regressed") whenever this test ran alone.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _loop(run, slow_s, steps, lr, leak_bytes)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _loop(run: Path, slow_s: float, steps: int, lr: float, leak_bytes: int) -> None:
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     kept = []  # a leak: something of every step is kept (a loss history with its graph...)
