@@ -112,4 +112,4 @@ def _inert(ref: weakref.ref[Any]) -> None:
         r._closed = True
         lock = getattr(getattr(r, "_rundir", None), "lock", None)
         if lock is not None:  # the child's copy of the descriptor, not the parent's lock
-            lock.release()
+            lock.release(remove=False)

@@ -55,13 +55,7 @@ class RankLock:
 
     def acquire(self, *, flush_interval_s: Any = None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise ValueError(self._refusal(_read_holder(self.path))) from None
+        fd = self._locked_fd()
         try:
             self._check_heartbeat(flush_interval_s)
         except ValueError:
@@ -74,6 +68,27 @@ class RankLock:
         except OSError:
             pass  # the lock holds without its note
         self._fd = fd
+
+    def _locked_fd(self) -> int:
+        """An open descriptor of the lock file, flocked. The file is removed at release, so
+        a lock taken on a file that was unlinked meanwhile is taken again on the new one."""
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                         0o644)
+            if fcntl is None:
+                return fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise ValueError(self._refusal(_read_holder(self.path))) from None
+            try:
+                if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # released and removed under us: lock the file now there
+        raise ValueError(f"cannot lock {str(self.path)!r}: it keeps being replaced")
 
     def _check_heartbeat(self, flush_interval_s: Any) -> None:
         """Refuse a rank whose file shows a live writer the lock did not see (another host
@@ -110,8 +125,16 @@ class RankLock:
                 f"written by {_holder(info)}; a rank has one writer: wait for it to end, or "
                 "choose another run_dir")
 
-    def release(self) -> None:
+    def release(self, *, remove: bool = True) -> None:
+        """Give the rank up: the lock file is removed (while still locked, so whoever
+        locks it next finds it gone and takes the new one) and the descriptor closed.
+        ``remove=False``: only this process's descriptor (a forked child's copy)."""
         if self._fd >= 0:
+            if remove:
+                try:
+                    self.path.unlink()
+                except OSError:
+                    pass
             try:
                 os.close(self._fd)  # closing the descriptor releases the flock
             except OSError:

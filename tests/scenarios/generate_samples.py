@@ -51,7 +51,7 @@ SAMPLES: dict[str, Sample] = {
             "window (steps 50-51, trace under traces/rank=0/)."),
     "memory_leak": Sample(
         S.run_leak_loss_history, {"steps": 200},
-        {"memory_leak": "rss_bytes"},
+        {"memory_leak": "heap_bytes"},  # malloc in use: the leak without allocator caching
         f"From step {S.LEAK_STEP} a validation loss computed without torch.no_grad() is "
         "appended to a list every step: each entry keeps its autograd graph alive."),
     "exploding_gradients": Sample(
