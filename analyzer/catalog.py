@@ -29,12 +29,12 @@ from tracealyze.format.runmeta import Liveness, MetaError, load_json
 from . import shards
 from .errors import RunDirError, SchemaVersionError
 from .errors import one_line as _one_line
+from .footers import validate
 from .live import RELISTS, RETRIES, RetryingConnection, vanished
 from .rank_groups import MANY_RANKS
 from .raw_traces import load_raw_traces
 from .schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
 from .sqlsafe import execute_one, ident, lock, read_query, sandbox
-from .view_sql import arrow_to_logical as _arrow_to_logical
 from .view_sql import view_sql as _view_sql
 
 
@@ -82,6 +82,7 @@ class Run(Views):
         self.rank_meta: dict[int, dict[str, Any]] = {}
         self.skipped_parts: list[tuple[Path, str]] = []
         self.meta_problems: list[str] = []
+        self.part_rows: dict[Path, int] = {}  # rows of each readable part (its footer)
         """Fields of run.json / rank files left out for their type (format.metaschema)."""
         self.files: dict[str, list[Path]] = {t: [] for t in TABLE_NAMES}
         self.raw_traces: list[tuple[int, Path]] = []
@@ -159,35 +160,6 @@ class Run(Views):
 
 
 # ---------------------------------------------------------------------- discovery
-
-
-def _validate(files: list[Path], skipped: list[tuple[Path, str]],
-              table: str | None = None) -> list[tuple[Path, Any]] | None:
-    """(path, arrow schema) of the parts whose footer reads and whose known columns have a
-    type the view can cast (a ``list<int64>`` step is not data); others go to ``skipped``.
-    None when a part vanished since it was listed (a merge of a live run: list again)."""
-    import pyarrow.parquet as pq
-
-    want = dict(TABLES[table]) if table else {}
-    good = []
-    for f in files:
-        try:
-            md = pq.read_metadata(f)
-            schema = md.schema.to_arrow_schema()
-        except FileNotFoundError:
-            return None
-        except Exception as e:  # any unreadable footer means: not usable data
-            skipped.append((f, f"unreadable Parquet footer ({type(e).__name__}: "
-                               f"{_one_line(e)[:160]})"))
-            continue
-        bad = [(fld.name, str(fld.type)) for fld in schema
-               if fld.name in want and _arrow_to_logical(fld.type) is None]
-        if bad:
-            name, typ = bad[0]
-            skipped.append((f, f"column {name} has type {typ}, expected {want[name]}"))
-            continue
-        good.append((f, schema))
-    return good
 
 
 def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool = False
@@ -285,12 +257,12 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
             per_rank = table_parts(run_dir, table)
             files = [f for r in sorted(per_rank) for f in per_rank[r]]
             skipped: list[tuple[Path, str]] = []
-            good = _validate(files, skipped, table)
+            good = validate(files, skipped, table, run.part_rows)
             if good is not None:
                 break
         else:  # a writer merging without pause: take what still reads
             files = [f for f in files if f.exists()]
-            good = _validate(files, skipped, table) or []
+            good = validate(files, skipped, table, run.part_rows) or []
         ranks.update(per_rank)
         valid[table] = good
         run.skipped_parts.extend(skipped)
@@ -337,16 +309,22 @@ def new_connection(allowed: Iterable[str | Path], *, allow_files: bool = False) 
 
 _HELD = ("steps", "memory")
 HELD_ROWS = 5_000_000
+HOLD_PARTS = 256
+"""A table of more parts than this (a run left uncompacted) is read once into memory when it
+has at most HELD_ROWS rows: a compacted run has one part per rank and table."""
 HELD_TRACE_ROWS = 2_000_000
 """Trace events of many ranks are held in memory up to this many (~100 bytes each)."""
 
 
-def _held(con: Any, sql: str, name: str, limit: int = HELD_ROWS) -> str:
+def _held(con: Any, sql: str, name: str, limit: int = HELD_ROWS, rows: int | None = None
+          ) -> str:
     """``sql`` read once into a temporary table when it has at most HELD_ROWS rows: with many
-    ranks every query over the files pays for opening each of them again (0.07 s a query
-    at 1,024 ranks), and these small tables are queried dozens of times."""
-    (n,) = execute_one(con, f"SELECT count(*) FROM ({sql})").fetchone()
-    if n > limit:
+    ranks or many parts every query over the files pays for opening each of them again
+    (0.07 s a query at 1,024 ranks; 0.17 s at 4,000 parts), and these tables are queried
+    dozens of times. ``rows``: the count, when the footers gave it."""
+    if rows is None:
+        (rows,) = execute_one(con, f"SELECT count(*) FROM ({sql})").fetchone()
+    if rows > limit:
         return sql
     execute_one(con, f"CREATE TEMP TABLE {name} AS {sql}")
     return f"SELECT * FROM {name}"
@@ -366,7 +344,10 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
             if table == "trace_events":
                 continue
             sql = _view_sql(table, valid[table])
-            if table in _HELD and len(run.ranks) > MANY_RANKS:
+            if len(valid[table]) > HOLD_PARTS:  # an uncompacted run: read the parts once
+                sql = _held(con, sql, f"_held_{schema or 'main'}_{table}",
+                            rows=sum(run.part_rows.get(p, 0) for p, _ in valid[table]))
+            elif table in _HELD and len(run.ranks) > MANY_RANKS:
                 sql = _held(con, sql, f"_held_{schema or 'main'}_{table}")
             execute_one(con, f"CREATE VIEW {q}{table} AS {sql}")
         if shards.is_sharded(run.meta):

@@ -50,7 +50,8 @@ def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
         return f"SELECT {cols} WHERE false"
     present: dict[str, set[str | None]] = {}
     extra: list[str] = []
-    for _, schema in parts:
+    schemas = list(dict.fromkeys(s for _, s in parts))  # distinct, in order (16,000 parts:
+    for schema in schemas:                               # usually one schema)
         for field in schema:
             present.setdefault(field.name, set()).add(arrow_to_logical(field.type))
             if field.name not in dict(spec) and field.name not in extra:
@@ -71,7 +72,7 @@ def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
 
     def select(rank: str) -> str:
         return ", ".join(f"{rank} AS rank" if e is _RANK else str(e) for e in exprs)
-    same = len({s.remove_metadata() for _, s in parts}) == 1
+    same = len({s.remove_metadata() for s in schemas}) == 1
     opts = "hive_partitioning=false" + ("" if same else ", union_by_name=true")
     by_rank: dict[int, list[Path]] = {}
     for p, _ in parts:
