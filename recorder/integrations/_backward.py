@@ -27,7 +27,9 @@ from ..hooks import is_compiling
 Listener = Callable[[torch.Tensor], None]
 
 _lock = threading.Lock()
-_listeners: dict[int, Listener] = {}
+# key -> (the thread that trains, listener): only that thread's backward() is its loss (two
+# trainings in one process, in two threads, must not add up each other's losses)
+_listeners: dict[int, tuple[int | None, Listener]] = {}
 _originals: dict[str, Any] = {}
 # The last GradScaler.scale output and its input (weakly: never keeps a graph alive).
 _scaled: dict[str, Any] = {"out": None, "loss": None}
@@ -51,8 +53,10 @@ def _take(t: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Non
     if out is not None and out() is t and _scaled["loss"] is not None:
         loss = _scaled["loss"]
     loss = loss.detach().reshape(())
-    for listener in list(_listeners.values()):
-        listener(loss)
+    me = threading.get_ident()
+    for thread, listener in list(_listeners.values()):
+        if thread is None or thread == me:
+            listener(loss)
 
 
 def _scale(self: Any, outputs: Any) -> Any:
@@ -66,9 +70,10 @@ def _scale(self: Any, outputs: Any) -> Any:
     return result
 
 
-def install(key: int, listener: Listener) -> None:
+def install(key: int, listener: Listener, *, any_thread: bool = False) -> None:
     """Call ``listener(loss)`` (0-d, detached, on its device) at every ``backward()`` of a
-    scalar, until :func:`uninstall`."""
+    scalar in this thread (the training thread: the frameworks start their callbacks
+    there; ``any_thread``: in every thread), until :func:`uninstall`."""
     with _lock:
         if not _originals:
             _originals["backward"] = torch.Tensor.backward
@@ -78,7 +83,7 @@ def install(key: int, listener: Listener) -> None:
                 _originals["scaler"] = scaler
                 _originals["scale"] = scaler.scale
                 scaler.scale = _scale  # type: ignore[method-assign]
-        _listeners[key] = listener
+        _listeners[key] = (None if any_thread else threading.get_ident(), listener)
 
 
 def uninstall(key: int) -> None:

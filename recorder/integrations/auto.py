@@ -101,7 +101,9 @@ def on_torch(torch: Any) -> None:
     # From the start: the first step's backward and batch come before its optimizer step,
     # where the run opens.
     _state["loss"] = loss = _backward.StepLoss()
-    _backward.install(id(_state), lambda t: None if _state["frameworks"] else loss.add(t))
+    # (any thread: torch is imported before anyone knows which thread will train)
+    _backward.install(id(_state), lambda t: None if _state["frameworks"] else loss.add(t),
+                      any_thread=True)
 
 
 def _pre(optimizer: Any, args: Any, kwargs: Any) -> None:

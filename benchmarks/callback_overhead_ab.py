@@ -1,0 +1,222 @@
+"""Step-interleaved A/B overhead of each framework callback, the method of
+``../shared/bench/overhead_ab.py`` carried over to frameworks that own their training loop.
+
+Two trainings of the acceptance harness's ``--model mlp`` workload (48 blocks of
+Linear(256)+LayerNorm+ReLU, batch 32, AdamW, torch on one thread) run in one process: A with
+the tracealyze callback, B bare. Each runs in its own thread, and a turn is passed between
+them at every step boundary (a callback listed last: A's step i, B's step i, A's step i+1,
+...), so machine drift hits both alike, as in the harness's alternation. A turn is timed
+from one step-begin hook to the next (forward, backward, clipping, the optimizer, every
+callback, the next batch's fetch); only one side runs at a time. Per pair:
+A/B - 1; the figure is the median over the measured steps. CPU: A's thread CPU plus every
+other thread's (the recorder's writer and sampler), over B's thread CPU.
+
+The plain loop's figure, for comparison, is the harness's own:
+``python ../shared/bench/overhead_ab.py standard --model mlp --steps 200 --warm 150``.
+
+    python benchmarks/callback_overhead_ab.py hf --repeats 3
+    python benchmarks/callback_overhead_ab.py lightning --repeats 3
+    python benchmarks/callback_overhead_ab.py hf --aa      # both bare: the method's noise
+    AB_MAX_GRAD_NORM=0 python benchmarks/callback_overhead_ab.py hf   # the Trainer unclipped
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+torch.set_num_threads(1)
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.LayerNorm(256), nn.ReLU())
+                           for _ in range(48)])
+
+
+class Turns:
+    """Passes the turn between the two trainings at each step begin, and times each turn:
+    a step and everything up to the next step's begin (the next batch's fetch, the
+    framework's loop, every callback). Only one side runs at a time; the recorder's threads
+    run beside either."""
+
+    def __init__(self, steps: int, warm: int) -> None:
+        self.steps, self.warm = steps, warm
+        self.go = {"A": threading.Semaphore(1), "B": threading.Semaphore(0)}
+        self.t0: dict[str, float] = {}
+        self.c0: dict[str, float] = {}
+        self.wall: dict[str, list[float]] = {"A": [], "B": []}
+        self.cpu: dict[str, float] = {"A": 0.0, "B": 0.0}  # over the measured turns
+        self.done = {"A": False, "B": False}
+        self.proc: dict[str, float] = {}  # process CPU at the first / after the last measured
+
+    def _close(self, me: str) -> None:
+        if me in self.t0:
+            self.wall[me].append(time.perf_counter() - self.t0[me])
+            if len(self.wall[me]) > self.warm:
+                self.cpu[me] += time.thread_time() - self.c0[me]
+            if len(self.wall[me]) == self.steps - 1 and me == "B":
+                self.proc["end"] = time.process_time()
+
+    def begin(self, me: str) -> None:
+        other = "B" if me == "A" else "A"
+        self._close(me)
+        if me in self.t0:
+            self.go[other].release()
+        if not self.done[other]:  # (a finished side released us for good)
+            self.go[me].acquire()
+        if len(self.wall[me]) == self.warm and me == "A":
+            self.proc["start"] = time.process_time()
+        self.t0[me], self.c0[me] = time.perf_counter(), time.thread_time()
+
+    def finish(self, me: str) -> None:
+        self.done[me] = True
+        self.go["B" if me == "A" else "A"].release()
+
+
+def hf(me: str, turns: Turns, recorded: bool, out: Path) -> None:
+    import transformers
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": nn.functional.mse_loss(self.net(x), y)}
+
+    class Turn(transformers.TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **k: Any) -> None:
+            turns.begin(me)
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"x": torch.randn(256, generator=g), "y": torch.randn(256, generator=g)}
+            for _ in range(128)]
+    callbacks: list[Any] = []
+    if recorded:
+        from tracealyze.recorder.integrations.hf import TracealyzeCallback
+
+        callbacks.append(TracealyzeCallback(run_dir=out / "run"))
+    callbacks.append(Turn())
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=turns.steps, per_device_train_batch_size=32,
+        learning_rate=1e-4, report_to=[], use_cpu=True, save_strategy="no",
+        logging_steps=10_000, disable_tqdm=True, dataloader_num_workers=0,
+        max_grad_norm=float(os.environ.get("AB_MAX_GRAD_NORM", "1.0")))
+    transformers.Trainer(model=Model(), args=args, train_dataset=rows,
+                         callbacks=callbacks).train()
+
+
+def lightning(me: str, turns: Turns, recorded: bool, out: Path) -> None:
+    import lightning.pytorch as L
+
+    class Turn(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *a: Any) -> None:
+            turns.begin(me)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def training_step(self, batch: Any, i: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), 1e-4)
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
+                                          torch.randn(128, 256, generator=g))
+    callbacks: list[Any] = []
+    if recorded:
+        from tracealyze.recorder.integrations.lightning import TracealyzeCallback
+
+        callbacks.append(TracealyzeCallback(run_dir=out / "run"))
+    callbacks.append(Turn())
+    L.Trainer(max_steps=turns.steps, accelerator="cpu", logger=False,
+              enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, callbacks=callbacks, default_root_dir=str(out)).fit(
+        Module(), torch.utils.data.DataLoader(data, batch_size=32))
+
+
+def once(framework: str, steps: int, warm: int, aa: bool) -> dict[str, float]:
+    run = {"hf": hf, "lightning": lightning}[framework]
+    # imported here, once: two threads importing a lazy module at once can each see it
+    # half-made
+    if framework == "hf":
+        import transformers
+
+        _ = transformers.TrainerCallback, transformers.Trainer, transformers.TrainingArguments
+    else:
+        import importlib
+
+        importlib.import_module("lightning.pytorch")
+    turns = Turns(steps, warm)
+    errors: list[BaseException] = []
+    with tempfile.TemporaryDirectory() as td:
+
+        def side(me: str) -> None:
+            try:
+                run(me, turns, me == "A" and not aa, Path(td) / me)
+            except BaseException as e:  # report, and never leave the other side waiting
+                errors.append(e)
+            finally:
+                turns.finish(me)
+
+        threads = [threading.Thread(target=side, args=(me,)) for me in ("A", "B")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if errors:
+        raise errors[0]
+    a, b = turns.wall["A"][warm:], turns.wall["B"][warm:]
+    # the recorder's threads: the process's CPU over the measured turns less the two sides'
+    n = min(len(a), len(b))
+    a, b = a[:n], b[:n]
+    pairs = [x / y for x, y in zip(a, b, strict=True)]
+    others = max(0.0, turns.proc["end"] - turns.proc["start"] - turns.cpu["A"]
+                 - turns.cpu["B"])
+    return {"wall": statistics.median(pairs) - 1,
+            "cpu": (turns.cpu["A"] + others) / turns.cpu["B"] - 1,
+            "step_ms": 1e3 * statistics.median(b)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("framework", choices=["hf", "lightning"])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warm", type=int, default=100,
+                    help="steps left out (the standard preset's profiler window is at 50)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--aa", action="store_true", help="both sides bare (A/A)")
+    a = ap.parse_args()
+    got = [once(a.framework, a.steps, a.warm, a.aa) for _ in range(a.repeats)]
+    for g in got:
+        print(json.dumps(g), file=sys.stderr)
+    worst = [max(g["wall"], g["cpu"]) for g in got]
+    print(json.dumps({
+        "framework": a.framework + (" A/A" if a.aa else ""), "repeats": a.repeats,
+        "steps": a.steps, "warm": a.warm,
+        "overhead_median": statistics.median(worst), "overhead_min": min(worst),
+        "overhead_max": max(worst),
+        "wall_median": statistics.median(g["wall"] for g in got),
+        "cpu_median": statistics.median(g["cpu"] for g in got),
+        "step_ms": statistics.median(g["step_ms"] for g in got)}))
+
+
+if __name__ == "__main__":
+    main()
