@@ -96,3 +96,38 @@ def test_a_run_dir_whose_name_is_not_utf8_is_one_line(tmp_path: Path) -> None:
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 2, (args, res.output[-300:])
         assert "not valid UTF-8" in res.output and "Traceback" not in res.output
+
+
+def test_summary_json_says_killed_for_a_killed_run(tmp_path: Path) -> None:
+    """N12: run.status was 'running' (only killed: true said otherwise)."""
+    killed = make_run(tmp_path, name="killed", steps=20, status="running",
+                      heartbeat_age_s=7200.0)
+    live = make_run(tmp_path, name="live", steps=20, status="running")
+    for run, status in ((killed, "killed"), (live, "running")):
+        res = CliRunner().invoke(main, ["summary", str(run), "--json"])
+        out = json.loads(res.output)["run"]
+        assert out["status"] == status and out["killed"] == (status == "killed")
+
+
+def test_compare_on_extreme_values_prints_no_numpy_warning(tmp_path: Path) -> None:
+    """N16: compare printed numpy RuntimeWarnings (overflow) on NaN or extreme steps."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    n = 120
+    dur = np.full(n, 0.1)
+    dur[[5, 7, 9]] = [np.nan, 1e308, np.inf]
+    grad = np.full(n, 1.0)
+    grad[[20, 30]] = [1e308, np.inf]
+    a = make_run(tmp_path, name="a", steps=n)
+    b = make_run(tmp_path, name="b", steps=n, duration=dur, grad_norm=grad,
+                 loss=np.where(np.arange(n) < 50, 1.0, np.nan))
+    for args in (["compare", str(a), str(b)], ["compare", str(b), str(a), "--json"],
+                 ["summary", str(b)]):
+        out = subprocess.run([sys.executable, "-c",
+                              "from tracealyze.analyzer.cli import main; main()", *args],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode in (0, 1), out.stderr[-500:]
+        assert "Warning" not in out.stderr, out.stderr[-500:]
