@@ -17,6 +17,7 @@ from typing import Any
 
 from .catalog import Run, Views, build_views, new_connection, scan_run
 from .errors import RunDirError
+from .live import RETRIES, RetryingConnection, vanished
 from .sqlsafe import execute_one, literal, lock
 
 
@@ -53,6 +54,31 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
         if real in seen:
             raise RunDirError(f"the same run is given twice: {seen[real]} and {p}")
         seen[real] = str(p)
+    runs, ids, con = _connect(paths, seen, allow_files)
+
+    def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
+        fresh, _, fresh_con = _connect(paths, seen, allow_files)
+        runs[:] = fresh
+        return fresh_con
+
+    return RunSet(runs, ids, RetryingConnection(con, reopen))
+
+
+def _connect(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
+             ) -> tuple[list[Run], list[str], Any]:
+    """Every run's views in a schema of one connection, and the union views over them;
+    listed again when a part is merged away while they are built."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return _build(paths, seen, allow_files)
+        except RunDirError as e:
+            if attempt == RETRIES or e.__cause__ is None or not vanished(e.__cause__):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _build(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
+           ) -> tuple[list[Run], list[str], Any]:
     con = new_connection(seen, allow_files=allow_files)
     runs: list[Run] = []
     try:
@@ -75,4 +101,4 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
     except BaseException:
         con.close()
         raise
-    return RunSet(runs, ids, con)
+    return runs, ids, con

@@ -100,3 +100,15 @@ def test_analyzer_calls_on_a_live_run_never_fail(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_multi_run_query_survives_a_merge_under_it(tmp_path: Path) -> None:
+    from tracealyze.analyzer.multirun import open_runs
+
+    a = make_run(tmp_path, name="a", steps=40, parts=4, status="running")
+    b = make_run(tmp_path, name="b", steps=30, parts=3)
+    with open_runs([a, b]) as rs:
+        before = rs.query("SELECT count(*), sum(step) FROM steps")[1]
+        _merge_all(a)
+        assert rs.query("SELECT count(*), sum(step) FROM steps")[1] == before
+        assert before == [(70, 780 + 435)]
