@@ -30,7 +30,7 @@ from . import shards
 from .errors import RunDirError, SchemaVersionError
 from .errors import one_line as _one_line
 from .footers import validate
-from .live import RELISTS, RETRIES, RetryingConnection, vanished
+from .live import RELISTS, RetryingConnection, built_despite_merges
 from .rank_groups import MANY_RANKS
 from .raw_traces import load_raw_traces
 from .schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
@@ -184,16 +184,13 @@ def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool =
 
 def _scan_and_connect(path: str | Path, allow_empty: bool, allow_files: bool
                       ) -> tuple[Run, Any]:
-    """scan_run and a connection with the views; listed again when a part is merged away
-    while the views are built (DuckDB reads each file's schema then)."""
-    for attempt in range(RETRIES + 1):
+    """scan_run and a connection with the views (live.built_despite_merges)."""
+
+    def build() -> tuple[Run, Any]:
         run, valid = scan_run(path, allow_empty=allow_empty)
-        try:
-            return run, _connect(run, valid, allow_files)
-        except RunDirError as e:
-            if attempt == RETRIES or e.__cause__ is None or not vanished(e.__cause__):
-                raise
-    raise AssertionError("unreachable")
+        return run, _connect(run, valid, allow_files)
+
+    return built_despite_merges(build)
 
 
 def _connect(run: Run, valid: dict[str, list[tuple[Path, Any]]], allow_files: bool) -> Any:
@@ -252,17 +249,16 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
     ranks: set[int] = set(run.rank_meta)
     valid: dict[str, list[tuple[Path, Any]]] = {}
     for table in TABLE_NAMES:
-        for _ in range(RELISTS):
+        for attempt in range(RELISTS):
             # Only regular files in real rank folders: a link could pull another run's data.
             per_rank = table_parts(run_dir, table)
             files = [f for r in sorted(per_rank) for f in per_rank[r]]
             skipped: list[tuple[Path, str]] = []
-            good = validate(files, skipped, table, run.part_rows)
+            # (the last listing takes what still reads: a writer merging without pause)
+            good = validate(files, skipped, table, run.part_rows,
+                            relist=attempt < RELISTS - 1)
             if good is not None:
                 break
-        else:  # a writer merging without pause: take what still reads
-            files = [f for f in files if f.exists()]
-            good = validate(files, skipped, table, run.part_rows) or []
         ranks.update(per_rank)
         valid[table] = good
         run.skipped_parts.extend(skipped)

@@ -16,9 +16,15 @@ to a few hundred characters."""
 
 def clip(text: str, limit: int = MAX_TEXT) -> str:
     """``text``, or its first ``limit`` characters and how many more there were."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… [{len(text) - limit:,} more characters]"
+    return text if len(text) <= limit else more(text[:limit], len(text))
+
+
+def more(head: str, total: int) -> str:
+    """``head``, the start of a string of ``total`` characters (cut already, e.g. in SQL so
+    that the whole is never fetched), and how many more there were."""
+    if total <= len(head):
+        return head
+    return f"{head}… ({total - len(head):,} more characters)"
 
 
 def clip_tree(value: Any, limit: int = MAX_NAME, depth: int = 0) -> Any:

@@ -40,19 +40,26 @@ def _footer(f: Path) -> tuple[Any, int] | str:
 
 
 def validate(files: list[Path], skipped: list[tuple[Path, str]], table: str | None = None,
-             rows: dict[Path, int] | None = None) -> list[tuple[Path, Any]] | None:
+             rows: dict[Path, int] | None = None, *, relist: bool = True
+             ) -> list[tuple[Path, Any]] | None:
     """(path, arrow schema) of the parts whose footer reads and whose known columns have a
     type the view can cast (a ``list<int64>`` step is not data); others go to ``skipped``;
-    each good part's row count goes to ``rows``. None when a part vanished since it was
-    listed (a merge of a live run: list again)."""
+    each good part's row count goes to ``rows``. When a part vanished since it was listed (a
+    merge of a live run): None, to list again, or with ``relist=False`` it is left out."""
     want = dict(TABLES[table]) if table else {}
-    try:
-        footers = [_footer(f) for f in files]
-    except Vanished:
-        return None
+    footers: list[tuple[Any, int] | str | None] = []
+    for f in files:
+        try:
+            footers.append(_footer(f))
+        except Vanished:
+            if relist:
+                return None
+            footers.append(None)
     verdicts: dict[Any, str | None] = {}  # per distinct schema: why not (None: fine)
     good = []
     for f, got in zip(files, footers, strict=True):
+        if got is None:
+            continue
         if isinstance(got, str):
             skipped.append((f, got))
             continue

@@ -14,7 +14,9 @@ opens it (9 of 60 analyzer calls on a live run failed so). Two answers, each for
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 RELISTS = 5
 """Listings of one table before a still-moving part set is taken as it is. A merge renames
@@ -54,3 +56,18 @@ class RetryingConnection:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._con, name)
+
+
+def built_despite_merges(build: Callable[[], T]) -> T:
+    """``build()`` (list a run's parts and make its views), again when it failed because a
+    part was merged away meanwhile (DuckDB reads each file's schema as a view is made:
+    RunDirError caused by a vanished file); up to :data:`RETRIES` times."""
+    from .errors import RunDirError
+
+    for attempt in range(RETRIES + 1):
+        try:
+            return build()
+        except RunDirError as e:
+            if attempt == RETRIES or e.__cause__ is None or not vanished(e.__cause__):
+                raise
+    raise AssertionError("unreachable")

@@ -17,7 +17,7 @@ from typing import Any
 
 from .catalog import Run, Views, build_views, new_connection, scan_run
 from .errors import RunDirError
-from .live import RETRIES, RetryingConnection, vanished
+from .live import RetryingConnection, built_despite_merges
 from .sqlsafe import execute_one, literal, lock
 
 
@@ -54,31 +54,19 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
         if real in seen:
             raise RunDirError(f"the same run is given twice: {seen[real]} and {p}")
         seen[real] = str(p)
-    runs, ids, con = _connect(paths, seen, allow_files)
+    runs, ids, con = built_despite_merges(lambda: _build(paths, seen, allow_files))
 
     def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
-        fresh, _, fresh_con = _connect(paths, seen, allow_files)
+        fresh, _, fresh_con = built_despite_merges(lambda: _build(paths, seen, allow_files))
         runs[:] = fresh
         return fresh_con
 
     return RunSet(runs, ids, RetryingConnection(con, reopen))
 
 
-def _connect(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
-             ) -> tuple[list[Run], list[str], Any]:
-    """Every run's views in a schema of one connection, and the union views over them;
-    listed again when a part is merged away while they are built."""
-    for attempt in range(RETRIES + 1):
-        try:
-            return _build(paths, seen, allow_files)
-        except RunDirError as e:
-            if attempt == RETRIES or e.__cause__ is None or not vanished(e.__cause__):
-                raise
-    raise AssertionError("unreachable")
-
-
 def _build(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
            ) -> tuple[list[Run], list[str], Any]:
+    """Every run's views in a schema of one connection, and the union views over them."""
     con = new_connection(seen, allow_files=allow_files)
     runs: list[Run] = []
     try:

@@ -68,11 +68,10 @@ def prepare_run_dir(run_dir: Path) -> list[Path]:
     created (taken back by :func:`take_back` if nothing gets recorded)."""
     check_run_dir(run_dir)
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]
+    from tracealyze.format.parts import make_writable_dir
+
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".tracealyze-write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        make_writable_dir(run_dir)
     except OSError as e:
         take_back(created)
         raise TracealyzeError(f"cannot write to run_dir {str(run_dir)!r}: "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .display import MAX_NAME
+from .display import MAX_NAME, clip, more
 from .downsample import bucket_expr, x_range
 from .figures import PALETTE, SEVERITY_COLOURS, Chart, esc, figure
 from .findings import SEVERITIES
@@ -24,19 +24,6 @@ MAX_HOVER = 300
 
 _SEV_RANK = "CASE severity WHEN 'critical' THEN 3 WHEN 'error' THEN 2 WHEN 'warning' THEN 1 " \
             "ELSE 0 END"
-
-
-def _cut(text: str | None, limit: int) -> str | None:
-    if text is None or len(text) <= limit:
-        return text
-    return text[:limit] + f"\n… ({len(text) - limit:,} more characters)"
-
-
-def _more(head: str | None, total: int | None) -> str | None:
-    """A string cut in SQL to ``head``, and how much more there was."""
-    if head is None or total is None or total <= len(head):
-        return head
-    return head + f"\n… ({total - len(head):,} more characters)"
 
 
 def event_rows(ctx: ReportContext) -> tuple[list[dict[str, Any]], int, int]:
@@ -62,9 +49,9 @@ def event_rows(ctx: ReportContext) -> tuple[list[dict[str, Any]], int, int]:
     for kind, sev, subject, msg, mlen, stack, slen, n, s0, s1, t, ranks, details, _ in rows:
         out.append({
             "kind": kind or "", "severity": sev if sev in SEVERITIES else "info",
-            "subject": subject, "message": _more(msg, mlen) or "",
-            "stack": _more(stack, slen),
-            "details": _cut(details, 1000) if details not in (None, "", "{}") else None,
+            "subject": subject, "message": more(msg, mlen) if msg is not None else "",
+            "stack": more(stack, slen) if stack is not None else None,
+            "details": clip(details, 1000) if details not in (None, "", "{}") else None,
             "count": int(n), "first_step": s0, "last_step": s1, "time": t,
             "ranks": ", ".join(str(r) for r in (ranks or [])[:16]),
         })

@@ -32,11 +32,6 @@ def arrow_to_logical(t: Any) -> str | None:
     return None
 
 
-def sql_str(s: str) -> str:
-    """``s`` as a SQL string literal (sqlsafe.literal)."""
-    return literal(s)
-
-
 def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
     """SELECT of ``table``'s columns (in schema order, typed) over ``parts``.
 
@@ -81,11 +76,11 @@ def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
         # one scan of every file, the rank read from the file's folder: a UNION of 1,024
         # scans costs seconds per query just to plan and schedule (5.3 s against 0.2 s), and
         # a join with a (file, rank) table misleads DuckDB's join order (a 575M-row product)
-        paths = ", ".join(sql_str(str(p)) for fs in by_rank.values() for p in fs)
+        paths = ", ".join(literal(str(p)) for fs in by_rank.values() for p in fs)
         rank = r"CAST(regexp_extract(filename, 'rank=(\d+)[/\\][^/\\]*$', 1) AS INTEGER)"
         return (f"SELECT {select(rank)} FROM read_parquet([{paths}], {opts}, "
                 "filename=true)")
     return " UNION ALL ".join(
         f"SELECT {select(f'CAST({int(r)} AS INTEGER)')} FROM read_parquet("
-        f"[{', '.join(sql_str(str(p)) for p in files)}], {opts})"
+        f"[{', '.join(literal(str(p)) for p in files)}], {opts})"
         for r, files in sorted(by_rank.items()))

@@ -33,16 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
-torch.set_num_threads(1)
-
-
-def mlp() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.LayerNorm(256), nn.ReLU())
-                           for _ in range(48)])
+from integration_overhead import hf_train, lightning_fit  # (torch on one thread)
 
 
 class Turns:
@@ -88,34 +79,17 @@ class Turns:
 def hf(me: str, turns: Turns, recorded: bool, out: Path) -> None:
     import transformers
 
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = mlp()
-
-        def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-            return {"loss": nn.functional.mse_loss(self.net(x), y)}
-
     class Turn(transformers.TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **k: Any) -> None:
             turns.begin(me)
 
-    g = torch.Generator().manual_seed(0)
-    rows = [{"x": torch.randn(256, generator=g), "y": torch.randn(256, generator=g)}
-            for _ in range(128)]
     callbacks: list[Any] = []
     if recorded:
         from tracealyze.recorder.integrations.hf import TracealyzeCallback
 
         callbacks.append(TracealyzeCallback(run_dir=out / "run"))
-    callbacks.append(Turn())
-    args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=turns.steps, per_device_train_batch_size=32,
-        learning_rate=1e-4, report_to=[], use_cpu=True, save_strategy="no",
-        logging_steps=10_000, disable_tqdm=True, dataloader_num_workers=0,
-        max_grad_norm=float(os.environ.get("AB_MAX_GRAD_NORM", "1.0")))
-    transformers.Trainer(model=Model(), args=args, train_dataset=rows,
-                         callbacks=callbacks).train()
+    hf_train([*callbacks, Turn()], turns.steps, out,
+             max_grad_norm=float(os.environ.get("AB_MAX_GRAD_NORM", "1.0")))
 
 
 def lightning(me: str, turns: Turns, recorded: bool, out: Path) -> None:
@@ -125,31 +99,12 @@ def lightning(me: str, turns: Turns, recorded: bool, out: Path) -> None:
         def on_train_batch_start(self, trainer: Any, *a: Any) -> None:
             turns.begin(me)
 
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = mlp()
-
-        def training_step(self, batch: Any, i: int) -> torch.Tensor:
-            x, y = batch
-            return nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.AdamW(self.parameters(), 1e-4)
-
-    g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
-                                          torch.randn(128, 256, generator=g))
     callbacks: list[Any] = []
     if recorded:
         from tracealyze.recorder.integrations.lightning import TracealyzeCallback
 
         callbacks.append(TracealyzeCallback(run_dir=out / "run"))
-    callbacks.append(Turn())
-    L.Trainer(max_steps=turns.steps, accelerator="cpu", logger=False,
-              enable_checkpointing=False, enable_progress_bar=False,
-              enable_model_summary=False, callbacks=callbacks, default_root_dir=str(out)).fit(
-        Module(), torch.utils.data.DataLoader(data, batch_size=32))
+    lightning_fit([*callbacks, Turn()], turns.steps, out)
 
 
 def once(framework: str, steps: int, warm: int, aa: bool) -> dict[str, float]:

@@ -57,7 +57,8 @@ class Clock:
         return statistics.median(steps), cpu
 
 
-def run_hf(recorded: bool, steps: int, out: Path) -> Clock:
+def hf_train(callbacks: list[Any], steps: int, out: Path, max_grad_norm: float = 1.0) -> None:
+    """The workload under transformers.Trainer, with ``callbacks``."""
     import transformers
 
     class Model(nn.Module):
@@ -68,33 +69,21 @@ def run_hf(recorded: bool, steps: int, out: Path) -> Clock:
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
             return {"loss": nn.functional.mse_loss(self.net(x), y)}
 
-    clock = Clock()
-
-    class Tick(transformers.TrainerCallback):
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            clock.tick()
-
     g = torch.Generator().manual_seed(0)
     rows = [{"x": torch.randn(256, generator=g), "y": torch.randn(256, generator=g)}
             for _ in range(128)]
-    callbacks: list[Any] = [Tick()]
-    if recorded:
-        from tracealyze.recorder.integrations.hf import TracealyzeCallback
-
-        callbacks.insert(0, TracealyzeCallback(run_dir=out / "run"))
     args = transformers.TrainingArguments(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=32,
         learning_rate=1e-4, report_to=[], use_cpu=True, save_strategy="no",
-        logging_steps=10_000, disable_tqdm=True, dataloader_num_workers=0)
+        logging_steps=10_000, disable_tqdm=True, dataloader_num_workers=0,
+        max_grad_norm=max_grad_norm)
     transformers.Trainer(model=Model(), args=args, train_dataset=rows,
                          callbacks=callbacks).train()
-    return clock
 
 
-def run_lightning(recorded: bool, steps: int, out: Path) -> Clock:
+def lightning_fit(callbacks: list[Any], steps: int, out: Path) -> None:
+    """The workload under Lightning's Trainer.fit, with ``callbacks``."""
     import lightning.pytorch as L
-
-    clock = Clock()
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -105,24 +94,51 @@ def run_lightning(recorded: bool, steps: int, out: Path) -> Clock:
             x, y = batch
             return nn.functional.mse_loss(self.net(x), y)
 
-        def on_train_batch_end(self, *a: Any) -> None:
-            clock.tick()
-
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), 1e-4)
 
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
                                           torch.randn(128, 256, generator=g))
+    L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+              enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+              default_root_dir=str(out)).fit(
+        Module(), torch.utils.data.DataLoader(data, batch_size=32))
+
+
+def run_hf(recorded: bool, steps: int, out: Path) -> Clock:
+    import transformers
+
+    clock = Clock()
+
+    class Tick(transformers.TrainerCallback):
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            clock.tick()
+
+    callbacks: list[Any] = [Tick()]
+    if recorded:
+        from tracealyze.recorder.integrations.hf import TracealyzeCallback
+
+        callbacks.insert(0, TracealyzeCallback(run_dir=out / "run"))
+    hf_train(callbacks, steps, out)
+    return clock
+
+
+def run_lightning(recorded: bool, steps: int, out: Path) -> Clock:
+    import lightning.pytorch as L
+
+    clock = Clock()
+
+    class Tick(L.Callback):
+        def on_train_batch_end(self, *a: Any) -> None:
+            clock.tick()
+
     callbacks: list[Any] = []
     if recorded:
         from tracealyze.recorder.integrations.lightning import TracealyzeCallback
 
         callbacks.append(TracealyzeCallback(run_dir=out / "run"))
-    L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
-              default_root_dir=str(out)).fit(
-        Module(), torch.utils.data.DataLoader(data, batch_size=32))
+    lightning_fit([*callbacks, Tick()], steps, out)
     return clock
 
 

@@ -43,6 +43,9 @@ NESTED: dict[str, dict[str, tuple[type, ...]]] = {
 }
 """Fields of the objects inside run.json and the rank files."""
 
+ITEMS: dict[str, tuple[type, ...]] = {"resumes": (dict,), "counters.dropped": (int,)}
+"""What every entry of an array (or every value of an object used as a map) must be."""
+
 
 def _fits(value: Any, types: tuple[type, ...]) -> bool:
     if value is None:
@@ -77,15 +80,23 @@ def check_meta(meta: dict[str, Any], fields: dict[str, tuple[type, ...]] = RUN_F
         if inner is not None and isinstance(value, dict):
             value, sub = check_meta(value, inner, f"{key}.")
             problems += sub
+        items = ITEMS.get(where + key)
+        if items is not None:
+            value, bad = _entries(value, items)
+            if bad:
+                problems.append(f"field '{where}{key}' holds {bad} entries of the wrong type: "
+                                "left out")
         out[key] = value
-    dropped = out.get("counters", {}).get("dropped")
-    if isinstance(dropped, dict):
-        bad = [k for k, v in dropped.items() if not _fits(v, (int,))]
-        if bad:
-            out["counters"]["dropped"] = {k: v for k, v in dropped.items() if k not in bad}
-            problems += [f"counters.dropped.{k} is not a count: left out" for k in bad]
-    resumes = out.get("resumes")
-    if isinstance(resumes, list) and not all(isinstance(r, dict) for r in resumes):
-        out["resumes"] = [r for r in resumes if isinstance(r, dict)]
-        problems.append("resumes holds entries that are not objects: left out")
     return out, problems
+
+
+def _entries(value: Any, types: tuple[type, ...]) -> tuple[Any, int]:
+    """``value`` (an array, or an object used as a map) without the entries that are not of
+    ``types``, and how many there were."""
+    if isinstance(value, list):
+        kept: Any = [v for v in value if v is not None and _fits(v, types)]
+    elif isinstance(value, dict):
+        kept = {k: v for k, v in value.items() if v is not None and _fits(v, types)}
+    else:
+        return value, 0
+    return kept, len(value) - len(kept)

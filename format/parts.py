@@ -148,6 +148,15 @@ def remove_stale_tmp(run_dir: Path, rank: int) -> None:
                     pass
 
 
+def make_writable_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) and prove it takes a file: OSError if not. Run
+    before anything is started, so that an unwritable run_dir is one clear error."""
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".tracealyze-write-test.{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -81,7 +81,7 @@ class RankLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
-                raise ValueError(self._refusal(_read_holder(self.path))) from None
+                raise ValueError(self._refusal(read_json(self.path))) from None
             try:
                 if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
                     return fd
@@ -141,11 +141,3 @@ class RankLock:
                 pass
             self._fd = -1
 
-
-def _read_holder(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read(4096) or b"{}")
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None

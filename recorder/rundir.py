@@ -4,7 +4,6 @@ every heartbeat and at close. The format itself lives in ``tracealyze.format``."
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,12 @@ from typing import Any
 import torch
 from torch import nn
 from tracealyze.format.metaschema import check_meta
-from tracealyze.format.parts import data_parts, rank_dir, remove_stale_tmp
+from tracealyze.format.parts import (
+    data_parts,
+    make_writable_dir,
+    rank_dir,
+    remove_stale_tmp,
+)
 
 from .gradients import is_dtensor
 from .ranklock import RankLock
@@ -48,10 +52,7 @@ class RunDir:
                 f"{(existing or {}).get('run_id', '?')}, status {status}); pass resume=True "
                 "to append to it (e.g. after preemption) or choose a new directory")
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            probe = d / f".tracealyze-write-test.{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            make_writable_dir(d)
         except OSError as exc:
             raise ValueError(f"cannot write to run_dir {str(d)!r}: {exc.strerror or exc}") \
                 from exc

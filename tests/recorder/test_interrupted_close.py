@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rec_helpers import batches, run_json, steps_by_number, tiny_model
+from rec_helpers import batches, run_json, steps_by_number, tiny_model, train
 from tracealyze.recorder import Recorder, interrupts
 from tracealyze.recorder.writer import Writer
 
@@ -38,21 +38,12 @@ def _interrupt_after(seconds: float, times: int = 1) -> threading.Thread:
     return t
 
 
-def _train(rec: Recorder, model: torch.nn.Module, opt: torch.optim.Optimizer, n: int) -> None:
-    for x, y in batches(n):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        rec.step(loss=loss)
-
-
 def test_ctrl_c_during_close_is_held_until_the_run_is_saved(tmp_path: Path, monkeypatch) -> None:
     _slow_flush(monkeypatch, 0.6)
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     rec = Recorder(tmp_path / "run", model=model, optimizer=opt, flush_interval_s=60)
-    _train(rec, model, opt, 40)
+    train(rec, model, opt, batches(40))
     before = signal.getsignal(signal.SIGINT)
     t = _interrupt_after(0.1, times=2)  # two presses, 100 ms apart, during the save
     with pytest.raises(KeyboardInterrupt):
@@ -73,7 +64,7 @@ def test_ctrl_c_during_close_inside_an_exception_is_not_raised_again(tmp_path: P
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with (pytest.raises(KeyboardInterrupt, match="first"),
           Recorder(tmp_path / "run", model=model, optimizer=opt, flush_interval_s=60) as rec):
-        _train(rec, model, opt, 25)
+        train(rec, model, opt, batches(25))
         _interrupt_after(0.1)
         raise KeyboardInterrupt("first")
     assert run_json(tmp_path / "run")["status"] == "crashed"
@@ -88,7 +79,7 @@ def test_a_hung_writer_is_given_up_after_the_grace_period(tmp_path: Path, monkey
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     rec = Recorder(tmp_path / "run", model=model, optimizer=opt, flush_interval_s=60)
-    _train(rec, model, opt, 5)
+    train(rec, model, opt, batches(5))
     _interrupt_after(0.2)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):

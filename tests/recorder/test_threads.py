@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import torch
-from rec_helpers import FAST, batches, events, loss_fn, rows, run_json, steps_by_number, tiny_model
+from rec_helpers import FAST, batches, events, rows, run_json, steps_by_number, tiny_model, train
 from tracealyze.recorder import Recorder
 
 THREADS, CALLS, STEPS = 8, 40, 120
@@ -33,12 +33,7 @@ def test_eight_threads_beside_the_loop_lose_nothing(run_dir: Path) -> None:
         for t in threads:
             t.start()
         start.wait()
-        for x, y in batches(STEPS):
-            loss = loss_fn(model, x, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            rec.step(loss=loss)
+        train(rec, model, opt, batches(STEPS))
         for t in threads:
             t.join()
     meta = run_json(run_dir)
