@@ -16,7 +16,8 @@ FINDING_IDS: tuple[str, ...] = (
     "memory_leak", "gradient_explosion", "vanishing_gradient", "nonfinite", "loss_spike",
     "loss_divergence", "loss_plateau", "dataloader_bottleneck", "step_time_outlier",
     "straggler", "dead_activation", "update_ratio", "cuda_fragmentation", "gpu_idle",
-    "host_sync", "top_ops", "dropped_data", "training_crashed",
+    "host_sync", "top_ops", "dropped_data", "training_crashed", "no_gradient",
+    "unused_module", "optimizer_coverage",
 )
 
 

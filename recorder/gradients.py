@@ -83,6 +83,9 @@ class GradReader:
         self.budget = NormBudget(config.grad_norm_budget, config.grad_norm_every)
         self.on_stride = on_stride
         self._last_capture: float | None = None
+        # called with the present-flags whenever the set of parameters holding a gradient
+        # changes (coverage.Coverage)
+        self.on_present: Callable[[list[bool]], None] | None = None
 
     def signature(self) -> tuple[int, int] | None:
         """Identity and in-place version of the first gradient: changes with every backward
@@ -105,6 +108,8 @@ class GradReader:
         layout = self.layout
         if layout is None or layout.present != present:
             self.layout = layout = GradLayout(self.named, grads, present)
+            if self.on_present is not None:
+                self.on_present(present)
         if layout.select is not None:  # frozen parameters, sparse gradients
             grads = list(compress(grads, layout.select))
         return grads, layout

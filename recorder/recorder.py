@@ -32,7 +32,8 @@ from .amp import ScalerHook
 from .budget import NormBudget
 from .capture import Piece, StepAccum, event_row, exception_row, watchable
 from .config import RecorderConfig, check_arguments, unwrap_optimizer
-from .dist import rank_and_world
+from .coverage import Coverage
+from .dist import rank_and_world, watch_compute
 from .gradients import GradReader
 from .hooks import compiled, unwrap_model, wrapped_in_ddp
 from .interrupts import HeldInterrupts, say_gave_up
@@ -43,6 +44,7 @@ from .profiling import ProfilerSchedule
 from .rundir import RunDir
 from .sampler import MemoryProbe, SystemSampler
 from .stats import FullStats
+from .structure import StructureProbe
 from .writer import Writer, merge_parts
 
 _SEVERITIES = ("info", "warning", "error", "critical")
@@ -112,6 +114,8 @@ class Recorder(StepLifecycle):
         self._full = FullStats(self.config.stats_chunk_elems)
         self._reader = GradReader(self._named_params, self.config, self._full,
                                   on_stride=self._norm_stride_changed)
+        self._reader.on_present = Coverage(self._named_params, lambda: self.optimizer,
+                                           self._info("param_coverage")).seen
         # DDP: every rank holds the same gradients; rank 0 writes their per-parameter rows
         self._grad_rows = (self.config.grad_stats_all_ranks or not self._ddp
                            or self.rank == 0)
@@ -201,31 +205,23 @@ class Recorder(StepLifecycle):
         if self._named_params:
             clipping.install(id(self), self._clip_sink, self._clip_max)
         if self.world_size > 1:
-            self._watch_compute()
+            self._handles += watch_compute(self._named_params, self._grad_landed)
+        if self.model is not None and not self._compiled_model:  # (one forward pass)
+            self._handles.append(StructureProbe(self.model, self._info("model_structure")))
         cfg = self.config
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             self._act = ActivationCapture(self.model, cfg, self._full, lambda: self._acc,
                                           self._guard, compiled=self._compiled_model)
             self._act.next_step(self._acc.step)
 
-    def _watch_compute(self) -> None:
-        """Distributed data parallel: the all-reduce makes every rank's step as long as the
-        slowest's, so a straggler is invisible in step times. What differs is each rank's
-        own work before it waits: from its batch's arrival to its last gradient. Backward
-        produces the first parameters' gradients last (they are used first in the forward),
-        so a host-time hook on the first few marks the end of the rank's backward compute
-        (before DDP's final wait for the all-reduce). On GPUs this is launch time, not
-        kernel time."""
-        if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
-            return
-        first = [p for _, p in self._named_params if p.requires_grad][:4]
-        for p in first:
-            self._handles.append(p.register_post_accumulate_grad_hook(self._grad_landed))
-
     def _on_unscaled(self) -> None:
         """After ``GradScaler.unscale_`` (also on steps the scaler then skips)."""
         self._guard("scaler", self._gradients_ready)
         self._guard("scaler", self._capture_scale)
+
+    def _info(self, kind: str) -> Any:
+        """(message, details) -> an info event of ``kind``."""
+        return lambda message, details: self.event(kind, message, severity="info", **details)
 
     def _norm_stride_changed(self, stride: int, budget: NormBudget) -> None:
         # (a stride changes only once both medians exist)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _data, _stats
+from . import _data, _stats, _structure
 from .base import Context
 
 ID = "vanishing_gradient"
@@ -22,7 +22,10 @@ DEFAULTS: dict[str, Any] = {
     "min_frac": 0.8,           # in at least this share of the window's steps
     "min_points": 5,
     "early_frac": 0.1,         # a layer below no_grad_rel × the median layer already in this
-    "no_grad_rel": 1e-6,       # first share of the run receives no gradient (info, not a trend)
+    "no_grad_rel": 1e-4,       # first share of the run receives no gradient (info, not a trend):
+                               # float32 rounding (eps 1.2e-7) of a sum that cancels leaves
+                               # noise up to ~1e-5 of the terms' scale (a conv bias before
+                               # BatchNorm sits at ~3e-6 of the median layer), so 1e-4
 }
 DOC = {
     "meaning": "Some layers get (almost) no gradient: they do not learn.",
@@ -31,7 +34,9 @@ DOC = {
             "layer's ‖grad‖ (geometric means per step bucket; exact zeros count). A "
             "parameter already below no_grad_rel × the median layer in the first early_frac "
             "of the run while its module's other parameters are not receives no gradient by "
-            "construction (an attention key bias): info, not a trend.",
+            "construction (an attention key bias): info, not a trend. So does a parameter "
+            "the model's structure makes zero (a bias right before BatchNorm/InstanceNorm, "
+            "seen by the recorder in the first forward), whatever its numbers.",
     "fixes": "Use ReLU/GELU instead of saturating sigmoid/tanh, residual connections, "
              "normalisation (LayerNorm/BatchNorm), better init (Kaiming/Xavier); check for "
              "detach()/no_grad cutting the graph.",
@@ -79,6 +84,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             if not np.isfinite(early_rel[i]) or early_rel[i] < math.log(th["no_grad_rel"])}
     learning = {n.rpartition(".")[0] for n in names if n not in tiny}  # modules
     no_grad = [i for i, n in enumerate(names) if n in tiny and n.rpartition(".")[0] in learning]
+    # the structure says so (a bias before BatchNorm): zero by construction, whatever the
+    # float noise of its numbers
+    built = _structure.structure(ctx)["zero_by_construction"]
+    no_grad = sorted(set(no_grad) | {i for i, n in enumerate(names) if n in built})
     g, w = g[:, start:], w[:, start:]
     present = ~np.isnan(g)
     if present.sum(axis=1).max(initial=0) < th["min_points"]:
@@ -95,10 +104,12 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     frac = hit.sum(axis=1) / np.maximum(present.sum(axis=1), 1)
     bad = [i for i in range(len(names))
            if present[i].sum() >= th["min_points"] and frac[i] >= th["min_frac"]]
-    dead = [i for i in bad if i in set(no_grad)]
+    dead = [i for i in no_grad if i in set(bad) or names[i] in built]
     bad = [i for i in bad if i not in set(dead)]
+    info = [_zero_by_construction([names[i] for i in dead], len(names), built)] if dead \
+        else []
     if not bad:
-        return [_no_gradient(ctx, [names[i] for i in dead], len(names))] if dead else []
+        return info
     with np.errstate(all="ignore"):
         rel = np.array([np.nanmedian(np.where(np.isfinite(g[i] - med), g[i] - med, np.nan))
                         if np.isfinite(g[i] - med).any() else -np.inf for i in bad])
@@ -113,7 +124,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     gnorm = math.exp(gmed) if gmed is not None else 0.0
     ratio = math.exp(gmed - wmed) if gmed is not None and wmed is not None else None
     layer_med = float(np.nanmedian(med)) if np.isfinite(med).any() else None
-    return [Finding(
+    return [*info, Finding(
         id=ID, severity="warning", subject=names[worst], first_step=first_step,
         title=f"Vanishing gradients in {len(bad)} layer(s)",
         message=(f"{len(bad)} of {len(names)} layers get almost no gradient in the last "
@@ -129,15 +140,18 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                   else None, "bucket_steps": int(tb["bucket_size"])})]
 
 
-def _no_gradient(ctx: Context, names: list[str], total: int) -> Finding:
+def _zero_by_construction(names: list[str], total: int,
+                          built: dict[str, dict[str, str]]) -> Finding:
+    why = [f"{n}: {built[n]['why']} ({built[n]['consumer']})" for n in names if n in built]
     return Finding(
         id=ID, severity="info", subject=names[0], first_step=None,
-        title=f"{len(names)} parameter(s) receive no gradient",
+        title=f"{len(names)} parameter(s) have a gradient of zero by construction",
         message=(f"{', '.join(names[:5])}{' …' if len(names) > 5 else ''}: the gradient is "
-                 "(numerically) zero from the first steps on, not a decline. Usually by "
-                 "construction (an attention key bias: softmax ignores it) or an unused "
-                 "parameter."),
-        advice="Nothing to do if by construction; else check that the parameter is used in "
-               "the forward pass and not detached.",
+                 "(numerically) zero from the first steps on, not a decline. "
+                 + (why[0] + "." if why else "Usually by construction (an attention key "
+                    "bias: softmax ignores it).")),
+        advice="Nothing to do: the parameter cannot change the output (it may be removed, "
+               "e.g. bias=False on a conv before BatchNorm).",
         chart=anchors.GRAD_HEATMAP,
-        evidence={"parameters": names[:20], "count": len(names), "layers_total": total})
+        evidence={"parameters": names[:20], "count": len(names), "layers_total": total,
+                  "reasons": why[:20]})

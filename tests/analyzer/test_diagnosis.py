@@ -95,7 +95,7 @@ def test_parameter_with_no_gradient_by_construction_is_info(tmp_path):
     run = make_run(tmp_path, steps=300, loss=FALLING, tensors=8, tensor_norm=norm)
     (f,) = [f for f in findings(run) if f["id"] == "vanishing_gradient"]
     assert f["severity"] == "info" and f["subject"] == "layers.2.bias"
-    assert "receive no gradient" in f["title"]
+    assert "zero by construction" in f["title"]
 
 
 def test_early_stall_names_the_learning_rate(tmp_path):

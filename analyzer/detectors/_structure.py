@@ -1,0 +1,114 @@
+"""What the recorder learned about the model's parameters: the last ``param_coverage`` event
+(which parameters never got a gradient, are frozen, or sit outside the optimizer) and the
+``model_structure`` event (gradients zero by construction, modules not called in the first
+training forward). Both come from a run directory, i.e. from strangers: every field is
+checked for its type and anything else is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from .base import Context
+
+STATES = ("no_grad", "frozen", "not_in_optimizer", "frozen_in_optimizer")
+
+
+def _names(v: Any) -> list[str]:
+    return [x for x in v if isinstance(x, str)] if isinstance(v, list) else []
+
+
+def _last(ctx: Context, kind: str) -> tuple[int | None, dict[str, Any]] | None:
+    """(step, details) of the last event of ``kind`` on the lowest rank that has one."""
+    rows = ctx.rows("SELECT step, details FROM events WHERE kind = ? "
+                    "ORDER BY rank, step DESC NULLS LAST, time DESC LIMIT 1", [kind])
+    if not rows:
+        return None
+    step, text = rows[0]
+    try:
+        d = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return (int(step) if step is not None else None, d) if isinstance(d, dict) else None
+
+
+def coverage(ctx: Context) -> dict[str, Any] | None:
+    """{first_step, no_grad, frozen, not_in_optimizer, frozen_in_optimizer (name lists),
+    counts (per state), numel (per state), parameters, optimizer_known} or None."""
+
+    def load() -> dict[str, Any] | None:
+        last = _last(ctx, "param_coverage")
+        if last is None:
+            return None
+        step, d = last
+        first = ctx.rows("SELECT min(step) FROM events WHERE kind = 'param_coverage'")
+        out: dict[str, Any] = {s: _names(d.get(s)) for s in STATES}
+        for key in ("counts", "numel"):
+            raw = d.get(key) if isinstance(d.get(key), dict) else {}
+            out[key] = {s: int(raw[s]) if isinstance(raw.get(s), int) else len(out[s])
+                        if key == "counts" else 0 for s in STATES}
+        out["parameters"] = d.get("parameters") if isinstance(d.get("parameters"), int) \
+            else None
+        out["optimizer_known"] = d.get("optimizer_known") is True
+        out["first_step"] = first[0][0] if first and first[0][0] is not None else step
+        out["step"] = step
+        return out
+
+    return ctx.cached("param_coverage", load)
+
+
+def structure(ctx: Context) -> dict[str, Any]:
+    """{zero_by_construction: {param: {consumer, consumer_type, why}}, not_called: [module]}
+    (empty when the run has no model_structure event)."""
+
+    def load() -> dict[str, Any]:
+        last = _last(ctx, "model_structure")
+        d = last[1] if last is not None else {}
+        zero: dict[str, dict[str, str]] = {}
+        items = d.get("zero_by_construction")
+        for z in items if isinstance(items, list) else []:
+            if isinstance(z, dict) and isinstance(z.get("param"), str):
+                zero[z["param"]] = {k: str(z.get(k, "")) for k in
+                                    ("consumer", "consumer_type", "why")}
+        return {"zero_by_construction": zero, "not_called": _names(d.get("not_called")),
+                "known": last is not None}
+
+    return ctx.cached("model_structure", load)
+
+
+def module_of(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def covering_modules(names: Iterable[str], others: Iterable[str]) -> list[str]:
+    """The fewest module paths that hold exactly ``names``: a module stands for its
+    parameters when none of ``others`` (the model's other parameters) lies under it; the
+    highest such module is named (``blocks.2`` rather than each of its layers). In order
+    of first appearance."""
+    others = list(others)
+    blocked: set[str] = set()  # modules holding a parameter outside ``names``
+    for o in others:
+        parts = o.split(".")[:-1]
+        for i in range(len(parts) + 1):
+            blocked.add(".".join(parts[:i]))
+    out: list[str] = []
+    seen: set[str] = set()
+    for n in names:
+        parts = n.split(".")[:-1]
+        best = n
+        for i in range(1, len(parts) + 1):
+            m = ".".join(parts[:i])
+            if m not in blocked:
+                best = m
+                break
+        if best not in seen:
+            seen.add(best)
+            out.append(best)
+    return out
+
+
+def describe(modules: list[str], limit: int = 4) -> str:
+    shown = ", ".join(modules[:limit])
+    return shown + (f" and {len(modules) - limit} more" if len(modules) > limit else "")

@@ -1,0 +1,82 @@
+"""optimizer_coverage: the optimizer and the model disagree. A trainable parameter in no
+param group gets gradients that nothing applies (the classic ``optimizer =
+Adam(model.encoder.parameters())`` after adding a head); a frozen parameter in the optimizer
+is usually a block frozen by mistake, or a freeze that was meant to be undone.
+
+From the recorder's ``param_coverage`` events (recorder/coverage.py), which compare
+``requires_grad`` with the optimizer's param groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import anchors
+from ..findings import Finding
+from . import _structure, no_gradient
+from .base import Context
+
+ID = "optimizer_coverage"
+DEFAULTS: dict[str, Any] = {}
+DOC = {
+    "meaning": "Trainable parameters that no optimizer param group holds (error), or frozen "
+               "parameters handed to the optimizer (warning).",
+    "rule": "from the recorder's param_coverage event (requires_grad against the optimizer's "
+            "param groups). Trainable and outside the optimizer: error when the recorded "
+            "weight statistics show them unchanged through the run, warning when there are "
+            "none to tell, nothing when they changed (another optimizer steps them, as in a "
+            "GAN). Frozen (requires_grad=False) yet in a param group: warning.",
+    "fixes": "Build the optimizer from every trainable parameter after the model is complete "
+             "(e.g. [p for p in model.parameters() if p.requires_grad]); unfreeze the block "
+             "if it was meant to train.",
+}
+
+
+def _changed(ctx: Context) -> tuple[set[str], set[str]]:
+    """(names whose recorded weight norm changed, names with at least two weight rows)."""
+    rows = ctx.rows("SELECT name, min(norm) <> max(norm), count(*) FROM tensor_stats "
+                    "WHERE kind = 'param' AND isfinite(norm) GROUP BY name")
+    return ({str(n) for n, ch, _ in rows if ch}, {str(n) for n, _, c in rows if c >= 2})
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    cov = _structure.coverage(ctx)
+    if cov is None or not cov["optimizer_known"]:
+        return []
+    out = []
+    outside = cov["not_in_optimizer"]
+    if outside:
+        changed, seen = _changed(ctx)
+        moved = [n for n in outside if n in changed]
+        still = [n for n in outside if n in seen and n not in changed]
+        unknown = [n for n in outside if n not in seen]
+        if len(moved) < len(outside):
+            names = still + unknown
+            mods = no_gradient.modules(ctx, cov, names)
+            out.append(Finding(
+                id=ID, severity="error" if still else "warning", subject=mods[0],
+                first_step=cov["first_step"],
+                title=f"{len(names)} trainable parameter(s) are in no optimizer param group",
+                message=(f"{_structure.describe(mods)}: {len(names)} parameter(s) "
+                         "require grad but the optimizer does not hold them"
+                         + (", and their recorded weights never changed: they do not train."
+                            if still else " (no weight statistics say whether another "
+                            "optimizer steps them).")),
+                advice=DOC["fixes"], chart=anchors.GRAD_HEATMAP,
+                evidence={"modules": mods[:20], "parameters": names[:50],
+                          "count": len(names), "unchanged": len(still)}))
+    frozen = cov["frozen_in_optimizer"]
+    if frozen:
+        mods = no_gradient.modules(ctx, cov, frozen)
+        out.append(Finding(
+            id=ID, severity="warning", subject=mods[0], first_step=cov["first_step"],
+            title=f"{_structure.describe(mods, 2)} frozen, yet in the optimizer",
+            message=(f"{_structure.describe(mods)}: {cov['counts']['frozen_in_optimizer']} "
+                     "parameter(s) have requires_grad=False but are in an optimizer param "
+                     "group: they never train. Frozen on purpose, they belong outside the "
+                     "optimizer; by mistake, unfreeze them."),
+            advice=DOC["fixes"], chart=anchors.GRAD_HEATMAP,
+            evidence={"modules": mods[:20], "parameters": frozen[:50],
+                      "count": cov["counts"]["frozen_in_optimizer"]}))
+    return out

@@ -1,0 +1,114 @@
+"""What the model's structure says about its gradients, read once, in the first training
+forward pass: which modules ran, and which parameter's gradient is zero by construction.
+
+A bias added right before a normalisation that subtracts the per-channel mean over the batch
+(BatchNorm in training mode) or over each sample (InstanceNorm) cannot change the output:
+its gradient is exactly zero in exact arithmetic, float rounding noise in practice
+(``nn.Conv2d(..., bias=True)`` followed by ``nn.BatchNorm2d`` is the common case). Which
+module consumes which output is seen by identity: the producer's forward hook remembers the
+tensor it returned, the normalisation's pre-hook looks its input up. Plain code in between
+(an activation, a view) makes another tensor, so nothing is claimed then.
+
+Hooks live for that one forward pass only; the result is one ``model_structure`` event (info)
+with ``zero_by_construction`` ([{param, consumer, consumer_type, why}]) and ``not_called``
+(modules holding parameters whose forward did not run in that pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+_MEAN_REMOVING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
+"""Normalisations that remove every channel's mean (so a per-channel bias before them)."""
+
+
+class StructureProbe:
+    """Hooks for one training forward pass of ``model`` (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, emit: Callable[[str, dict[str, Any]], None]) -> None:
+        self.emit = emit
+        self.model = model
+        self.handles: list[Any] = []
+        self.outputs: dict[int, tuple[str, torch.Tensor]] = {}
+        self.called: set[str] = set()
+        self.pairs: list[dict[str, str]] = []
+        self.active = False
+        self.with_params = [n for n, m in model.named_modules()
+                            if any(True for _ in m.parameters(recurse=False))]
+        # (first: the root's own parameter pre-hook must see the pass as begun)
+        self.handles.append(model.register_forward_pre_hook(self._begin, prepend=True))
+        owners = set(self.with_params)
+        for name, m in model.named_modules():
+            bias = getattr(m, "bias", None)
+            if isinstance(bias, nn.Parameter) and bias.requires_grad:
+                self.handles.append(m.register_forward_hook(self._produced(name)))
+            if isinstance(m, _MEAN_REMOVING):
+                self.handles.append(m.register_forward_pre_hook(self._consumed(name)))
+            if name in owners:
+                self.handles.append(m.register_forward_pre_hook(self._called(name)))
+        self.handles.append(model.register_forward_hook(self._end))
+
+    def _training(self) -> bool:
+        return self.model.training and torch.is_grad_enabled()
+
+    def _begin(self, _m: nn.Module, _args: Any) -> None:
+        # (a sanity-check pass in eval mode or under no_grad says nothing about training)
+        self.active = self._training()
+
+    def _called(self, name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _args: Any) -> None:
+            if self.active:
+                self.called.add(name)
+        return hook
+
+    def _produced(self, name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _args: Any, out: Any) -> None:
+            if self.active and isinstance(out, torch.Tensor):
+                self.outputs[id(out)] = (name, out)  # kept alive: its id stays its own
+        return hook
+
+    def _consumed(self, name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, args: Any) -> None:
+            if not (self.active and m.training and args and isinstance(args[0], torch.Tensor)):
+                return
+            hit = self.outputs.get(id(args[0]))
+            if hit is None or hit[1] is not args[0]:
+                return
+            producer = hit[0]
+            pm = self.model.get_submodule(producer) if producer else self.model
+            bias = getattr(pm, "bias", None)
+            if not isinstance(bias, torch.Tensor) or bias.ndim != 1:
+                return
+            channels = args[0].shape[1] if args[0].ndim >= 2 else None
+            if channels != bias.shape[0]:
+                return  # a bias over another dimension than the one normalised per channel
+            what = type(m).__name__
+            self.pairs.append({
+                "param": f"{producer}.bias" if producer else "bias", "consumer": name,
+                "consumer_type": what,
+                "why": f"{what} removes each channel's mean, so the bias before it cannot "
+                       "change the output: its gradient is zero up to float rounding"})
+        return hook
+
+    def _end(self, _m: nn.Module, _args: Any, _out: Any) -> None:
+        if not self.active:
+            return
+        self.active = False
+        details = {"zero_by_construction": self.pairs,
+                   "not_called": [n for n in self.with_params if n not in self.called][:4096]}
+        self.remove()
+        zero = ", ".join(p["param"] for p in self.pairs[:5])
+        self.emit(f"{len(self.pairs)} parameter(s) with a gradient zero by construction"
+                  + (f" ({zero})" if zero else "") + f"; {len(details['not_called'])} "
+                  "module(s) holding parameters not called in the first training forward",
+                  details)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.outputs = {}

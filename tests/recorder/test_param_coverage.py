@@ -1,0 +1,170 @@
+"""Every parameter accounted for (#26): the recorder's param_coverage and model_structure
+events, and the findings built on them (no_gradient, unused_module, optimizer_coverage,
+vanishing_gradient's zero-by-construction info), on small models of the usual shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from tracealyze.recorder import Recorder
+
+from tests.recorder.rec_helpers import events
+from tests.scenarios import checks
+
+
+def _train(tmp_path, model, opt, make_x, steps=30, **knobs):
+    run = tmp_path / "run"
+    with Recorder(run, model=model, optimizer=opt, profile_start=0, **knobs) as rec:
+        for _ in range(steps):
+            loss = model(make_x()).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss.detach())
+    return run
+
+
+class CutMLP(nn.Module):
+    """An MLP whose second layer's output is detached by mistake (the graph-cut bug)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1, self.l2, self.l3, self.head = (nn.Linear(8, 16), nn.Linear(16, 16),
+                                                 nn.Linear(16, 16), nn.Linear(16, 2))
+
+    def forward(self, x):
+        h = torch.relu(self.l2(torch.relu(self.l1(x)))).detach()
+        return self.head(torch.relu(self.l3(h)))
+
+
+def test_graph_cut_by_detach_is_a_no_gradient_warning(tmp_path):
+    torch.manual_seed(0)
+    m = CutMLP()
+    run = _train(tmp_path, m, torch.optim.Adam(m.parameters(), 1e-3), lambda: torch.randn(8, 8))
+    (ev,) = [e for e in events(run, "param_coverage")]
+    d = json.loads(ev["details"])
+    assert sorted(d["no_grad"]) == ["l1.bias", "l1.weight", "l2.bias", "l2.weight"]
+    assert d["with_grad"] == 4 and d["optimizer_known"] is True
+    s = checks.summarize(run)
+    (f,) = checks.by_id(s, "no_gradient")
+    assert f["severity"] == "warning" and f["subject"] == "l1"
+    assert f["evidence"]["modules"] == ["l1", "l2"] and f["evidence"]["count"] == 4
+    assert not checks.by_id(s, "unused_module")
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.aux_head = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))  # never called
+        self.frozen = nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.body(self.frozen(x))
+
+
+def test_unused_branch_and_frozen_block(tmp_path):
+    m = Branchy()
+    # the frozen block is left out of the optimizer: a freeze on purpose (info)
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
+    run = _train(tmp_path, m, opt, lambda: torch.randn(4, 4))
+    s = checks.summarize(run)
+    (u,) = checks.by_id(s, "unused_module")
+    assert u["severity"] == "warning" and u["subject"] == "aux_head"
+    assert not [f for f in checks.by_id(s, "no_gradient") if f["severity"] != "info"]
+    (info,) = checks.by_id(s, "no_gradient")
+    assert info["subject"] == "frozen" and "frozen" in info["title"]
+    assert not checks.by_id(s, "optimizer_coverage")
+
+
+def test_block_frozen_by_mistake_is_in_the_optimizer(tmp_path):
+    m = Branchy()
+    del m.aux_head
+    run = _train(tmp_path, m, torch.optim.SGD(m.parameters(), lr=0.01),
+                 lambda: torch.randn(4, 4))
+    (f,) = checks.by_id(checks.summarize(run), "optimizer_coverage")
+    assert f["severity"] == "warning" and f["subject"] == "frozen"
+
+
+@pytest.mark.parametrize("other_optimizer", [False, True])
+def test_parameters_left_out_of_the_optimizer(tmp_path, other_optimizer):
+    """A head added after the optimizer was built: an error when its weights never move;
+    nothing when a second optimizer steps them (a GAN's discriminator)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(m[0].parameters(), lr=0.05)
+    other = torch.optim.SGD(m[2].parameters(), lr=0.05)
+    run = tmp_path / "run"
+    with Recorder(run, model=m, optimizer=opt, profile_start=0, param_stats_every=5) as rec:
+        for _ in range(30):
+            loss = m(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            other.zero_grad()
+            loss.backward()
+            opt.step()
+            if other_optimizer:
+                other.step()
+            rec.step(loss=loss.detach())
+    found = checks.by_id(checks.summarize(run), "optimizer_coverage")
+    if other_optimizer:
+        assert found == []
+    else:
+        (f,) = found
+        assert f["severity"] == "error" and f["subject"] == "2"
+        assert f["evidence"]["unchanged"] == 2
+
+
+class ConvBN(nn.Module):
+    """The common CNN block: Conv2d(bias=True) straight into BatchNorm2d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=True)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=True)  # ReLU in between: not zero
+        self.bn2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(torch.relu(self.conv2(h)))
+        return self.fc(h.mean((2, 3)))
+
+
+def test_bias_before_batchnorm_is_zero_by_construction(tmp_path):
+    torch.manual_seed(0)
+    m = ConvBN()
+    run = _train(tmp_path, m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                 lambda: torch.randn(8, 3, 8, 8), steps=60)
+    (ev,) = events(run, "model_structure")
+    d = json.loads(ev["details"])
+    assert [z["param"] for z in d["zero_by_construction"]] == ["conv1.bias"]
+    assert d["zero_by_construction"][0]["consumer"] == "bn1" and d["not_called"] == []
+    s = checks.summarize(run)
+    assert not checks.above(s, "info"), checks.describe(s)
+    (v,) = checks.by_id(s, "vanishing_gradient")
+    assert v["severity"] == "info" and v["subject"] == "conv1.bias"
+    assert "BatchNorm2d" in v["message"]
+
+
+def test_structure_probe_skips_eval_passes_and_removes_its_hooks(tmp_path):
+    m = ConvBN()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    with Recorder(tmp_path / "run", model=m, optimizer=opt, profile_start=0) as rec:
+        m.eval()
+        with torch.no_grad():
+            m(torch.randn(2, 3, 8, 8))  # a sanity check before training: not read
+        m.train()
+        hooks = sum(len(x._forward_pre_hooks) + len(x._forward_hooks) for x in m.modules())
+        loss = m(torch.randn(2, 3, 8, 8)).sum()
+        after = sum(len(x._forward_pre_hooks) + len(x._forward_hooks) for x in m.modules())
+        loss.backward()
+        opt.step()
+        rec.step(loss=loss.detach())
+    assert hooks > 0 and after == 0
+    (ev,) = events(tmp_path / "run", "model_structure")
+    assert "conv1.bias" in ev["details"]
