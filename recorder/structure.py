@@ -73,33 +73,46 @@ class StructureProbe:
 
     def _consumed(self, name: str) -> Callable[..., None]:
         def hook(m: nn.Module, args: Any) -> None:
-            if not (self.active and m.training and args and isinstance(args[0], torch.Tensor)):
-                return
-            hit = self.outputs.get(id(args[0]))
-            if hit is None or hit[1] is not args[0]:
-                return
-            producer = hit[0]
-            pm = self.model.get_submodule(producer) if producer else self.model
-            bias = getattr(pm, "bias", None)
-            if not isinstance(bias, torch.Tensor) or bias.ndim != 1:
-                return
-            channels = args[0].shape[1] if args[0].ndim >= 2 else None
-            if channels != bias.shape[0]:
-                return  # a bias over another dimension than the one normalised per channel
-            what = type(m).__name__
-            self.pairs.append({
-                "param": f"{producer}.bias" if producer else "bias", "consumer": name,
-                "consumer_type": what,
-                "why": f"{what} removes each channel's mean, so the bias before it cannot "
-                       "change the output: its gradient is zero up to float rounding"})
+            try:
+                self._pair(name, m, args)
+            except Exception:  # (never break the forward pass)
+                pass
         return hook
 
-    def _end(self, _m: nn.Module, _args: Any, _out: Any) -> None:
+    def _pair(self, name: str, m: nn.Module, args: Any) -> None:
+        if not (self.active and m.training and args and isinstance(args[0], torch.Tensor)):
+            return
+        hit = self.outputs.get(id(args[0]))
+        if hit is None or hit[1] is not args[0]:
+            return
+        producer = hit[0]
+        pm = self.model.get_submodule(producer) if producer else self.model
+        bias = getattr(pm, "bias", None)
+        if not isinstance(bias, torch.Tensor) or bias.ndim != 1:
+            return
+        channels = args[0].shape[1] if args[0].ndim >= 2 else None
+        if channels != bias.shape[0]:
+            return  # a bias over another dimension than the one normalised per channel
+        what = type(m).__name__
+        self.pairs.append({
+            "param": f"{producer}.bias" if producer else "bias", "consumer": name,
+            "consumer_type": what,
+            "why": f"{what} removes each channel's mean, so the bias before it cannot "
+                   "change the output: its gradient is zero up to float rounding"})
+
+    def _end(self, _m: nn.Module, _args: Any, out: Any) -> None:
+        try:
+            self._finish(out)
+        except Exception:  # the probe must never break the forward pass it watches
+            self.remove()
+
+    def _finish(self, out: Any) -> None:
         if not self.active:
             return
         self.active = False
         details = {"zero_by_construction": self.pairs,
-                   "not_called": [n for n in self.with_params if n not in self.called][:4096]}
+                   "not_called": [n for n in self.with_params if n not in self.called][:4096],
+                   "output_features": _features(out)}
         self.remove()
         zero = ", ".join(p["param"] for p in self.pairs[:5])
         self.emit(f"{len(self.pairs)} parameter(s) with a gradient zero by construction"
@@ -112,3 +125,20 @@ class StructureProbe:
             h.remove()
         self.handles = []
         self.outputs = {}
+
+
+def _features(out: Any) -> int | None:
+    """The last dimension of the model's largest floating-point output of ≥ 2 dimensions
+    (the logits: classes, or vocabulary size), for the analyzer's chance level. A shape
+    read, no device work."""
+    if isinstance(out, torch.Tensor):
+        items = [out]
+    elif isinstance(out, dict):  # (transformers' ModelOutput is an OrderedDict)
+        items = list(out.values())
+    elif isinstance(out, (list, tuple)):
+        items = list(out)
+    else:
+        items = [out]
+    ts = [t for t in items if isinstance(t, torch.Tensor) and t.is_floating_point()
+          and t.ndim >= 2 and t.shape[-1] >= 2]
+    return int(max(ts, key=lambda t: t.numel()).shape[-1]) if ts else None

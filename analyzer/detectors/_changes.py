@@ -83,10 +83,54 @@ def other_changes(ctx: Context) -> list[dict[str, Any]]:
 def within(ctx: Context, lo: int, hi: int) -> dict[str, Any] | None:
     """The last change in [lo, hi] that can start an instability: an LR increase, a resume,
     a loss-scale collapse (an onset estimate can come a few steps early on a noisy loss: the
-    change before the rise is *clear* is the one that caused it)."""
+    change before the rise is *clear* is the one that caused it). Without one, a learning
+    rate still rising into the instability (:func:`lr_ramp`, kind ``lr_ramp``, whose step is
+    where the rise began: not a change to date the instability by)."""
     cands = [c for c in lr_changes(ctx) if c["factor"] > 1] + other_changes(ctx)
     inside = [c for c in cands if lo <= c["step"] <= hi]
-    return max(inside, key=lambda c: c["step"]) if inside else None
+    if inside:
+        return max(inside, key=lambda c: c["step"])
+    # (callers pass lo = onset − 10: the ramp is judged at the onset, not where the damage
+    # is clear)
+    return lr_ramp(ctx, lo, min(hi, lo + 10))
+
+
+RAMP_FACTOR = MIN_JUMP
+"""A gradual rise counts as a cause when the LR at the instability is at least this many
+times its lowest level before (the same size as a jump, spread over many steps)."""
+RAMP_RECENT = 0.05
+"""... and it was still rising: the LR then is above its level this share of the run
+earlier (a warm-up that ended long before is not a cause)."""
+
+
+def lr_ramp(ctx: Context, lo: int, hi: int) -> dict[str, Any] | None:
+    """A learning rate that rose gradually (a ramp, a warm-up that does not end, a schedule
+    going the wrong way) by ≥ RAMP_FACTOR up to the instability in [lo, hi], and was still
+    rising then. {step (where the rise began), kind 'lr_ramp', from, to, factor, text}."""
+    r = _data.primary_rank(ctx, "lr")
+    if r is None:
+        return None
+    d = _data.steps(ctx)[r]
+    ok = np.isfinite(d["lr"]) & (d["lr"] > 0)
+    step, lr = d["step"][ok], d["lr"][ok]
+    if len(lr) < 3:
+        return None
+    at = np.flatnonzero(step <= hi)
+    if not len(at):
+        return None
+    i = int(at[-1])
+    j = int(np.argmin(lr[:i + 1]))
+    s_lo, s_hi = _data.step_range(ctx)
+    span = max(1, int(RAMP_RECENT * ((s_hi or 0) - (s_lo or 0) + 1)))
+    k = int(np.searchsorted(step, max(int(step[i]) - span, int(step[0]))))
+    if lr[i] < RAMP_FACTOR * lr[j] or lr[i] <= lr[k] * 1.01 or j >= i:
+        return None
+    f = float(lr[i] / lr[j])
+    return {"step": int(step[j]), "kind": "lr_ramp", "from": float(lr[j]), "to": float(lr[i]),
+            "factor": f,
+            "text": f"the learning rate rose steadily ×{f:.3g}, from {lr[j]:.3g} at step "
+                    f"{int(step[j])} to {lr[i]:.3g} at step {int(step[i])}, and was still "
+                    "rising"}
 
 
 def lr_summary(ctx: Context) -> dict[str, Any] | None:

@@ -60,8 +60,9 @@ def coverage(ctx: Context) -> dict[str, Any] | None:
 
 
 def structure(ctx: Context) -> dict[str, Any]:
-    """{zero_by_construction: {param: {consumer, consumer_type, why}}, not_called: [module]}
-    (empty when the run has no model_structure event)."""
+    """{zero_by_construction: {param: {consumer, consumer_type, why}}, not_called: [module],
+    output_features: the logits' last dimension or None} (empty when the run has no
+    model_structure event)."""
 
     def load() -> dict[str, Any]:
         last = _last(ctx, "model_structure")
@@ -72,7 +73,9 @@ def structure(ctx: Context) -> dict[str, Any]:
             if isinstance(z, dict) and isinstance(z.get("param"), str):
                 zero[z["param"]] = {k: str(z.get(k, "")) for k in
                                     ("consumer", "consumer_type", "why")}
+        feats = d.get("output_features")
         return {"zero_by_construction": zero, "not_called": _names(d.get("not_called")),
+                "output_features": feats if isinstance(feats, int) and feats >= 2 else None,
                 "known": last is not None}
 
     return ctx.cached("model_structure", load)

@@ -20,12 +20,16 @@ from . import _changes, _data, _stats
 from .base import Context
 
 ID = "gradient_explosion"
+BROAD = 0.5
+"""The growth is the whole model's (subject: the total norm) when at least this share of
+the tensors explode with it."""
 DEFAULTS: dict[str, Any] = {
     "factor": 10.0,        # the norm grows at least this many times ...
     "window": 50,          # ... within this many steps
     "smooth": 3,           # rolling-median points before looking (one noisy step is not growth)
     "sustain": 3,          # and stays above half that rise for this many points (or goes NaN)
-    "min_up_frac": 0.6,    # share of rising steps between onset and crossing
+    "min_up_frac": 0.6,    # share of rising (smoothed) steps between onset and crossing, or
+                           # a Mann–Kendall rise at p < 0.001
     "warmup_steps": 3,     # ignore the first steps (norms settle after init) ...
     "warmup_frac": 0.1,    # ... and this share of the run (early training's normal rise)
     "min_points": 8,
@@ -40,8 +44,13 @@ DOC = {
             "stays up for sustain points or turns nonfinite; a layer must also reach "
             "min_share of the total norm's typical level; and the loss must get worse over "
             "the growth (rise by 2σ of its step noise, or turn nonfinite): norms that grow "
-            "while the loss keeps falling are learning. first_step is the onset, or the "
-            "learning-rate jump just before it.",
+            "while the loss keeps falling are learning, and so is a transient rise that "
+            "settles back to its baseline for the rest of the run while the loss ends "
+            "below its level at the onset (with or without clipping). The onset is the "
+            "change point of the smoothed log norm (best flat-then-rising fit), first_step "
+            "that onset or the learning-rate jump just before it; a gradual LR rise into it "
+            "is named as the cause. Subject: the tensor with the largest growth against its "
+            "own baseline, or the total norm when at least BROAD of the tensors explode.",
     "fixes": "Lower the learning rate, add gradient clipping (clip_grad_norm_), LR warm-up, "
              "normalisation layers, check the loss scale with fp16.",
 }
@@ -70,14 +79,19 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     typical = _stats.nanmedian(np.where(np.isinf(win), np.nan, win), axis=1)
     need = math.log(float(th["factor"]))
     with np.errstate(invalid="ignore"):
-        rising = (xs - lo >= need) & (xs - typical >= need)
+        # (a third of the rise above the window's median: steady 5%-a-step growth sits half
+        # way up its own window, a rebound from one deep dip sits at the median)
+        rising = (xs - lo >= need) & (xs - typical >= need / 3)
     for i in np.flatnonzero(rising):
         j = int(lo_at[i])
         if j < 0:
             continue
-        seg = x[j:i + 1]
+        # mostly rising: on the smoothed series, or as a significant monotone trend of the
+        # raw one (a noisy norm growing 5% a step has only ~60% rising raw steps)
+        seg = xs[j:i + 1]
         up = float(np.mean(np.diff(seg) > 0)) if len(seg) > 1 else 0.0
-        if up < th["min_up_frac"]:
+        if up < th["min_up_frac"] and not (
+                len(seg) >= 8 and _stats.mann_kendall(x[j:i + 1])[1] < 0.001):
             continue
         rest = xs[i:i + int(th["sustain"])]
         # NaN/Inf right after the growth ends it; NaN long after (a bad batch 150 steps
@@ -94,6 +108,9 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         level = typical[j] if np.isfinite(typical[j]) else lo[i]
         near = np.flatnonzero(xs[j:i + 1] <= max(level, lo[i]) + 0.1 * need)
         j = j + int(near[-1]) if len(near) else j
+        # the change point: where a flat baseline turns into the sustained rise (a noisy
+        # baseline's low point is not where growth starts)
+        j = hinge(xs, max(0, j - w), i, j)
         if int(step[j]) < onset_min:
             continue  # early training: norms rise and settle on their own
         # the rise must also clear the series' typical level since warm-up (not just a
@@ -103,16 +120,49 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         if peak - baseline < need or x[i] <= x[j]:
             continue
         slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
-        return {"onset": int(step[j]), "cross": int(step[i]), "from": float(math.exp(x[j])),
+        # back down to (near) the baseline for the rest of the run: the rise ended
+        down = xs[i:] <= baseline + need / 2
+        after = np.flatnonzero(~down)
+        settled = bool(down[-1]) and not ends_nonfinite and len(after) < len(down)
+        return {"onset": int(step[j]), "cross": int(step[i]),
+                # still up from the crossing to the series' end (the first NaN, if any)
+                "unbroken": bool(np.all(xs[i:] >= lo[i] + need / 2)),
+                "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
+                else None, "from": float(math.exp(x[j])),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
                 "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline))}
     return None
 
 
+def hinge(x: np.ndarray, a: int, b: int, default: int) -> int:
+    """The index τ in [a, b) that best splits x[a:b+1] into a flat level followed by a
+    straight rise (least squares of y = c + k·max(0, t − τ), k > 0); ``default`` when no
+    split fits a rise."""
+    y = x[a:b + 1]
+    n = len(y)
+    if n < 4 or not np.isfinite(y).all():
+        return default
+    t = np.arange(n, dtype=np.float64)
+    taus = np.arange(0, n - 2)
+    h = np.maximum(0.0, t[None, :] - taus[:, None])  # [τ, t]
+    hm = h - h.mean(axis=1, keepdims=True)
+    ym = y - y.mean()
+    var = (hm * hm).sum(axis=1)
+    k = np.where(var > 0, (hm * ym).sum(axis=1) / np.where(var > 0, var, 1.0), 0.0)
+    sse = ((ym[None, :] - k[:, None] * hm) ** 2).sum(axis=1)
+    sse = np.where(k > 0, sse, np.inf)
+    if not np.isfinite(sse).any():
+        return default
+    return a + int(taus[int(np.argmin(sse))])
+
+
 def _nan_after(res: Mapping[str, Any], nan_at: int | None, window: int) -> int | None:
-    """The step the growth ended in NaN/Inf: only when that came within ``window`` steps of
-    its crossing (a NaN made elsewhere much later is not this growth's end)."""
-    return nan_at if nan_at is not None and nan_at - res["cross"] <= window else None
+    """The step the growth ended in NaN/Inf: when that came within ``window`` steps of its
+    crossing, or the norm stayed up from the crossing until it (a NaN made elsewhere after
+    the growth receded is not this growth's end)."""
+    if nan_at is None:
+        return None
+    return nan_at if nan_at - res["cross"] <= window or res.get("unbroken") else None
 
 
 def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
@@ -141,6 +191,26 @@ def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
         return True
     noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
     return float(np.median(after)) > float(np.median(before)) + 2 * noise
+
+
+def _learned_through(ctx: Context, res: Mapping[str, Any]) -> bool:
+    """A transient rise: the norms came back down to their baseline for the rest of the run
+    while the loss kept falling (its level at the end is clearly below its level at the
+    onset). That is a learning transition, with or without clipping, not an explosion."""
+    if res.get("settled_at") is None or res.get("first_nonfinite") is not None:
+        return False
+    r = _data.primary_rank(ctx, "loss")
+    if r is None:
+        return False
+    d = _data.steps(ctx)[r]
+    ok = np.isfinite(d["loss"])
+    step, loss = d["step"][ok], d["loss"][ok]
+    at = loss[(step >= res["onset"] - 5) & (step <= res["onset"] + 5)]
+    end = loss[step >= max(res["settled_at"], int(step[-1]) - max(10, len(step) // 10))]
+    if len(at) < 3 or len(end) < 3:
+        return False
+    noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
+    return float(np.median(end)) < float(np.median(at)) - 2 * noise
 
 
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
@@ -194,31 +264,45 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         return typical_total is not None and x["max"] >= float(th["factor"]) * typical_total
 
     win = int(th["window"])
-    total = total if total is not None and (_hurts(ctx, total, win) or extreme(total)) \
-        else None
-    layers = [x for x in layers if _hurts(ctx, x, win) or extreme(x)]
+
+    def real(x: Mapping[str, Any] | None) -> bool:
+        return x is not None and not _learned_through(ctx, x) and (
+            _hurts(ctx, x, win) or extreme(x))
+
+    total = total if real(total) else None
+    layers = [x for x in layers if real(x)]
     if total is None and not layers:
         return []
-    order = {n: i for i, n in enumerate(_data.model_order(ctx, "grad"))}
-    layers.sort(key=lambda x: (x["onset"], order.get(x["name"], 1 << 30)))
+    # The subject: the tensor whose norm grew most against its own baseline (the first in
+    # model order is often the embedding, which the growth reaches last, not first), or the
+    # total when the growth is broad (at least BROAD of the tensors).
+    for x in layers:
+        x["growth"] = x["max"] / max(x["baseline"], 1e-30)
+    layers.sort(key=lambda x: -x["growth"])
+    n_tensors = max(1, len(_data.series_of(ctx, "grad")))
+    broad = total is not None and (not layers or len(layers) >= BROAD * n_tensors)
     main = total if total is not None else layers[0]
-    first = min([main["onset"]] + [x["onset"] for x in layers])
-    subject = layers[0]["name"] if layers else "grad_norm"
+    first = main["onset"] if broad else min(
+        [main["onset"], layers[0]["onset"]])
+    subject = "grad_norm" if broad or not layers else layers[0]["name"]
     what = "total gradient norm" if total is not None else f"gradient norm of {subject}"
     nan_at = main.get("first_nonfinite")
     cause = _changes.within(ctx, int(first) - 10, int(main["cross"]) + 2)
     because = ""
     if cause is not None:
-        first = cause["step"]
-        because = f", right after {cause['text']}"
+        if cause["kind"] != "lr_ramp":  # (a ramp began long before: it does not date it)
+            first = cause["step"]
+        because = (f", as {cause['text']}" if cause["kind"] == "lr_ramp"
+                   else f", right after {cause['text']}")
     clipped = r is not None and bool(np.isfinite(_data.steps(ctx)[r]["grad_clip_max"]).any())
     msg = (f"The {what}{' (before clipping)' if clipped else ''} grew from "
            f"{main['from']:.3g} at step "
            f"{main['onset']} to {main['to']:.3g} by step {main['cross']}{because}"
            + (f", and went nonfinite at step {nan_at}" if nan_at is not None else "") + ".")
     if layers:
-        msg += (f" {len(layers)} layer(s) explode, earliest {layers[0]['name']} from step "
-                f"{layers[0]['onset']}.")
+        msg += (f" {len(layers)} tensor(s) explode; most, against its own baseline: "
+                f"{layers[0]['name']} (×{layers[0]['growth']:.3g}, from step "
+                f"{layers[0]['onset']}).")
     if cause is None:
         msg += _changes.early_lr_note(ctx, int(first))
     return [Finding(

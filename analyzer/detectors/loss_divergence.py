@@ -17,7 +17,9 @@ MAX_POINTS = 2000
 DEFAULTS: dict[str, Any] = {
     "smooth_frac": 0.02,   # rolling-median window as a share of the steps ...
     "smooth_min": 5,       # ... at least this many steps
-    "rise": 0.5,           # final level − best > rise × (start − best) (what it had learned) ...
+    "rise": 0.3,           # final level − best > rise × (start − best): it gave back a third
+                           # of what it had learned (a healthy run ends near its best; 0.5
+                           # missed ViT/CNN runs whose LR ramp undid 40% of their progress) ...
     "rise_abs": 0.02,      # ... and > rise_abs × |best| ...
     "noise_sigmas": 1.5,   # ... and the end (a median of tail steps) > this many σ of the
                            # loss's step-to-step noise above the best tail/2-step median
@@ -30,7 +32,8 @@ DOC = {
     "rule": "smoothed (rolling median) loss at the end exceeds the best smoothed loss by "
             "more than rise × (start − best), rise_abs × |best| and noise_sigmas × the "
             "loss's step-to-step noise (a level shift: the loss may spike and then settle "
-            "at its new, worse level). A loss that turns nonfinite without "
+            "at its new, worse level; the noise is measured up to the best point, as a "
+            "diverging loss is turbulent itself). A loss that turns nonfinite without "
             "rising first is the nonfinite finding's. A learning-rate jump just before the "
             "onset is named as its cause.",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
@@ -71,7 +74,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     # the end is a median of `tail` steps, so the best level compared with it is the lowest
     # median over windows of half that (the minimum of a narrow rolling median is biased
     # low by the noise itself).
-    noise = _stats.mad_sigma(np.diff(loss)) / np.sqrt(2.0)
+    # (the noise of the loss up to its best: a diverging loss is turbulent itself, and its
+    # own turbulence must not hide the rise)
+    upto = loss[:ib + w] if ib + w >= 10 else loss
+    noise = _stats.mad_sigma(np.diff(upto)) / np.sqrt(2.0)
     best_level = float(np.nanmin(_stats.rolling_median(loss, max(w, tail // 2))))
     rose = (end - best > th["rise"] * ref and end - best > th["rise_abs"] * abs(best)
             and end - best_level > th["noise_sigmas"] * noise and ib < len(sm) - tail)
@@ -96,12 +102,16 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     cause = _changes.within(ctx, min(first, clear) - 10, max(first, clear) + 2)
     because = ""
     if cause is not None:
-        first = cause["step"]
-        because = f", right after {cause['text']}"
+        if cause["kind"] != "lr_ramp":  # (a ramp began long before: it does not date it)
+            first = cause["step"]
+        because = (f", as {cause['text']}" if cause["kind"] == "lr_ramp"
+                   else f", right after {cause['text']}")
     return [Finding(
         id=ID, severity="error", subject="loss", first_step=first,
-        title="Loss diverges" + ((" after a learning-rate jump" if cause["kind"] == "lr" else
-                                  f" after step {cause['step']}") if cause else ""),
+        title="Loss diverges" + ({"lr": " after a learning-rate jump",
+                                  "lr_ramp": " as the learning rate rises"}.get(
+                                      cause["kind"], f" after step {cause['step']}")
+                                 if cause else ""),
         message=(f"The loss fell from {start:.4g} to {best:.4g} (step {int(step[ib])}), then "
                  f"rose from step {first}{because}, and {how}."
                  + ("" if cause else _changes.early_lr_note(ctx, first))),

@@ -4,6 +4,7 @@ Debugger's LossNotDecreasing). A plateau covering most of the run means it never
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _changes, _data, _stats
+from . import _changes, _data, _stats, _structure
 from .base import Context
 
 ID = "loss_plateau"
@@ -33,7 +34,9 @@ DOC = {
             "min_rel_decrease of its level, or did not fall significantly (Mann–Kendall "
             "p ≥ max_p); warning when it covers ≥ warn_frac of the run and the whole run did "
             "not decrease either, or covers ≥ stall_frac after the loss fell by less than "
-            "stall_drop before it (stalled early), else info.",
+            "stall_drop before it (stalled early), else info. A warning plateau at ln C, for "
+            "the C of the model's logits (within CHANCE_TOL) or a small integer C ≤ 10 "
+            "(within SMALL_K_TOL), is named chance level.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -120,6 +123,14 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                    + (" throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})")
                    + ": if the loss fell in the first steps and stalled, it is likely too "
                    "high; if it never moved, too low (or the gradients do not flow).")
+    chance = chance_level(ctx, level) if never else None
+    if chance is not None:
+        title = "Loss stuck at chance level"
+        lr_note = (f" It sits at ln({chance}) = {math.log(chance):.4g}, the cross-entropy of "
+                   f"a uniform guess over {chance} classes: the model predicts at chance level. "
+                   "Check that labels match their inputs (a shuffled or misaligned label "
+                   "list), that the data is shuffled, and that the loss gets logits (not "
+                   "probabilities or detached outputs).") + lr_note
     return [Finding(
         id=ID, severity=sev, subject="loss", first_step=first, title=title,
         message=(f"From step {first} to {int(step[-1])} ({100 * frac:.0f}% of the run) the "
@@ -128,4 +139,26 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  + (" The model does not seem to learn." if never else "") + lr_note),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),
-                  "level": level, "rank": r, "lr": lr})]
+                  "level": level, "rank": r, "lr": lr, "chance_classes": chance})]
+
+
+CHANCE_TOL = 0.05
+"""|level − ln C| ≤ this × ln C: at chance for the C the model's logits have."""
+SMALL_K_TOL = 0.01
+"""Without the logits' width: |level − ln k| ≤ this for an integer 2 ≤ k ≤ SMALL_K (ln k are
+≥ 0.095 apart up to 10, so a match is not a coincidence of dense values)."""
+SMALL_K = 10
+
+
+def chance_level(ctx: Context, level: float) -> int | None:
+    """The number of classes C whose uniform guess has cross-entropy ``level`` (ln C), from
+    the logits' width the recorder saw, else from the level alone for small C."""
+    if not (level > 0 and math.isfinite(level)):
+        return None
+    c = _structure.structure(ctx)["output_features"]
+    if c is not None and abs(level - math.log(c)) <= CHANCE_TOL * math.log(c):
+        return int(c)
+    k = round(math.exp(level))
+    if 2 <= k <= SMALL_K and abs(level - math.log(k)) <= SMALL_K_TOL:
+        return k
+    return None

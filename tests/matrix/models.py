@@ -50,6 +50,18 @@ class ModelSpec:
     """The submodule of ``nan_parent`` that receives the NaN as its input (it did not make it:
     blaming it is the bug the matrix guards against)."""
     batch_size: int
+    cut: str = ""
+    """A module whose output the ``detach`` pathology detaches (the graph-cut bug)."""
+    cut_subject: tuple[str, ...] = ()
+    """The modules the no_gradient finding may name for that cut (the parameters upstream
+    of it that get no gradient from anywhere else)."""
+    freeze: str = ""
+    """A block the ``frozen`` pathology freezes by mistake (requires_grad_(False) after the
+    model is built, before the optimizer is)."""
+    randomize: Callable[[Any, torch.Generator], Any] | None = None
+    """batch -> the batch with its labels (targets) drawn at random (``random_labels``)."""
+    chance_loss: float | None = None
+    """The loss at chance level under random labels (ln of the number of classes)."""
 
 
 # ---------------------------------------------------------------- synthetic data
@@ -111,6 +123,21 @@ def image_batches(seed: int, batch: int, classes: int = 8
         y = torch.where(flip, torch.randint(0, classes, (batch,), generator=gs), y)
         return x, y
 
+    return draw
+
+
+def random_labels(classes: int) -> Callable[[Any, torch.Generator], Any]:
+    """(x, y) -> (x, labels drawn uniformly): nothing to learn but the class prior."""
+    def draw(batch: Any, g: torch.Generator) -> Any:
+        x, y = batch
+        return x, torch.randint(0, classes, y.shape, generator=g)
+    return draw
+
+
+def random_tokens(vocab: int) -> Callable[[Any, torch.Generator], Any]:
+    """A token batch -> uniform random tokens (an LM's 'random labels': chance is ln V)."""
+    def draw(ids: Any, g: torch.Generator) -> Any:
+        return torch.randint(0, vocab, ids.shape, generator=g)
     return draw
 
 
@@ -291,15 +318,27 @@ def ce_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
 MODELS: dict[str, ModelSpec] = {
     "gpt2": ModelSpec(build=hf_gpt2, optimizer=hf_adamw, lr=1e-3, batch_size=16,
                       data=lambda s: token_batches(s, 16), loss=lm_loss,
-                      nan_parent="transformer.h.1.mlp", nan_child="c_proj"),
+                      nan_parent="transformer.h.1.mlp", nan_child="c_proj",
+                      cut="transformer.h.0", cut_subject=("transformer.wpe", "transformer.h.0"),
+                      freeze="transformer.h.1", randomize=random_tokens(VOCAB),
+                      chance_loss=math.log(VOCAB)),
     "bert": ModelSpec(build=hf_bert, optimizer=hf_adamw, lr=2e-3, batch_size=32,
                       data=lambda s: mlm_batches(s, 32), loss=mlm_loss,
-                      nan_parent="bert.encoder.layer.1.attention", nan_child="output"),
+                      nan_parent="bert.encoder.layer.1.attention", nan_child="output",
+                      cut="bert.encoder.layer.0",
+                      cut_subject=("bert.embeddings.position_embeddings",
+                                   "bert.embeddings.token_type_embeddings",
+                                   "bert.embeddings.LayerNorm", "bert.encoder.layer.0"),
+                      freeze="bert.encoder.layer.1"),
     "nanogpt": ModelSpec(build=lambda s: NanoGPT(s), optimizer=nanogpt_adamw, lr=1e-3,
                          batch_size=16, data=lambda s: token_batches(s, 16),
                          loss=nanogpt_loss, nan_parent="transformer.h.1.mlp",
-                         nan_child="c_proj"),
+                         nan_child="c_proj", cut="transformer.h.0",
+                         cut_subject=("transformer.wpe", "transformer.h.0"),
+                         randomize=random_tokens(VOCAB), chance_loss=math.log(VOCAB)),
     "resnet": ModelSpec(build=lambda s: ResNet(s), optimizer=sgd_momentum, lr=0.05,
                         batch_size=32, data=lambda s: image_batches(s, 32), loss=ce_loss,
-                        nan_parent="layer2.0", nan_child="conv2"),
+                        nan_parent="layer2.0", nan_child="conv2", cut="layer1",
+                        cut_subject=("conv1", "bn1", "layer1"), freeze="layer2",
+                        randomize=random_labels(8), chance_loss=math.log(8)),
 }

@@ -9,6 +9,7 @@ of ``step``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ LEAK_STEP = 100        # leak: from here on every step's loss is kept with its g
 NAN_STEP = 200         # nan_forward: plain code in a module's forward makes a NaN here
 STRAGGLER_RANK = 1     # straggler: this rank's forward is slow (a throttled device)
 STEP_TOLERANCE = 2     # first_step must be within this many steps of the truth
+LOG0_STEP = 200        # log0: a hand-written loss takes log(0) here
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +35,9 @@ class Truth:
     """The first step it must give (± STEP_TOLERANCE); None: not checked."""
     mentions: tuple[str, ...] = ()
     """Words its title or message must contain (e.g. 'learning rate')."""
+    mentions_if: Callable[[Any], tuple[str, ...]] | None = None
+    """model spec -> more words it must contain for that model (e.g. 'chance' where the
+    loss has a chance level)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,20 +61,54 @@ class Pathology:
     """seconds STRAGGLER_RANK's forward is slowed by."""
     preset: str = "standard"
     knobs: dict[str, Any] = field(default_factory=dict)
+    lr_schedule: Callable[[int], float] | None = None
+    """A healthy schedule (warm-up + cosine) instead of lr_mult."""
+    bf16: bool = False
+    """Forward and loss under torch.autocast(bfloat16)."""
+    accum: int = 1
+    """Micro-batches per optimizer step (gradient accumulation over halves of the batch)."""
+    detach: bool = False
+    """The model spec's ``cut`` module's output is detached (graph cut)."""
+    freeze: bool = False
+    """The spec's ``freeze`` block is frozen by mistake before the optimizer is built."""
+    unused: bool = False
+    """A module the forward never calls is added before the optimizer is built."""
+    random_labels: bool = False
+    """Targets drawn at random (the spec's ``randomize``)."""
+    log0_at: int | None = None
+    """A hand-written loss takes log(0) at this step."""
+    keep_outputs_from: int | None = None
+    """From this step, every step's largest model output is kept (detached) in a list."""
+    workers: int = 0
+    worker_delay_s: float = 0.0
+    """DataLoader worker processes, and the seconds each takes to make a batch."""
+    needs: str = ""
+    """The model-spec field this pathology needs (cells without it are not in the matrix)."""
+    must_show: bool = False
+    """Whether the pathology may leave training unharmed on some models (a high LR that a
+    model tolerates): the run counts only when it visibly did harm (``manifested``)."""
+
+
+def _warmup_cosine(step: int) -> float:
+    warm = STEPS // 10
+    if step < warm:
+        return (step + 1) / warm
+    t = (step - warm) / (STEPS - warm)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
 
 
 PATHOLOGIES: dict[str, Pathology] = {
     "healthy": Pathology(truth=Truth()),
     # transformers.Trainer's default max_grad_norm; half the steps of a small LM clip
     "healthy_clip": Pathology(truth=Truth(), clip=1.0),
-    "lr_x100": Pathology(
+    "lr_x100": Pathology(must_show=True, 
         truth=Truth(ids=("loss_divergence", "gradient_explosion", "nonfinite", "loss_plateau",
                          "loss_spike"), mentions=("learning rate",)),
         lr_mult=lambda step: 100.0),
     "lr_jump": Pathology(
         truth=Truth(ids=("loss_divergence", "gradient_explosion", "nonfinite"),
                     step=LR_JUMP_STEP, mentions=("learning rate",)),
-        lr_mult=lambda step: 100.0 if step >= LR_JUMP_STEP else 1.0, clip=1.0),
+        lr_mult=lambda step: 100.0 if step >= LR_JUMP_STEP else 1.0, clip=1.0, must_show=True),
     "leak": Pathology(truth=Truth(ids=("memory_leak",),
                                   subject=lambda spec: ("heap_bytes", "rss_bytes"),
                                   step=LEAK_STEP),
@@ -81,5 +120,46 @@ PATHOLOGIES: dict[str, Pathology] = {
         nan_at=NAN_STEP, preset="debug"),
     "straggler": Pathology(
         truth=Truth(ids=("straggler",), subject=lambda spec: f"rank {STRAGGLER_RANK}"),
-        world_size=2, slow_rank_s=0.02),
+        world_size=2, slow_rank_s=0.02, needs="ddp"),
+    # ---- healthy variants (#26): what healthy training commonly looks like
+    "healthy_sched": Pathology(truth=Truth(), lr_schedule=_warmup_cosine, clip=1.0),
+    "healthy_bf16": Pathology(truth=Truth(), bf16=True),
+    "healthy_accum": Pathology(truth=Truth(), accum=2),
+    # the standard preset's own profiler window at step 50 (the recorder's memory must
+    # never be a finding)
+    "healthy_profiled": Pathology(truth=Truth(), knobs={"profile_start": 50}),
+    # ---- pathologies (#26)
+    "lr_ramp": Pathology(must_show=True, 
+        truth=Truth(ids=("gradient_explosion", "loss_divergence", "nonfinite", "loss_spike",
+                         "loss_plateau"), mentions=("learning rate",)),
+        lr_mult=lambda step: 1.0 + 59.0 * step / STEPS),
+    "detach": Pathology(truth=Truth(ids=("no_gradient",), subject=lambda spec: spec.cut_subject),
+                        detach=True, needs="cut"),
+    "frozen": Pathology(truth=Truth(ids=("optimizer_coverage",), subject=lambda spec: spec.freeze),
+                        freeze=True, needs="freeze"),
+    "unused": Pathology(truth=Truth(ids=("unused_module",), subject=lambda spec: "unused_head"),
+                        unused=True),
+    "random_labels": Pathology(
+        truth=Truth(ids=("loss_plateau",),
+                    mentions_if=lambda spec: ("chance",) if spec.chance_loss else ()),
+        random_labels=True, needs="randomize"),
+    "log0": Pathology(truth=Truth(ids=("nonfinite",), step=LOG0_STEP), log0_at=LOG0_STEP),
+    "leak_list": Pathology(truth=Truth(ids=("memory_leak",),
+                                       subject=lambda spec: ("heap_bytes", "rss_bytes"),
+                                       step=LEAK_STEP),
+                           keep_outputs_from=LEAK_STEP),
+    "slow_workers": Pathology(truth=Truth(ids=("dataloader_bottleneck",)), workers=2,
+                              worker_delay_s=0.04),
 }
+
+
+def applies(model: str, spec: Any, pathology: str) -> bool:
+    """Whether (model, pathology) is a cell of the matrix: the pathology's ``needs`` is a
+    field the model spec fills ("ddp": the original four architectures only, each DDP run
+    being two processes)."""
+    need = PATHOLOGIES[pathology].needs
+    if not need:
+        return True
+    if need == "ddp":
+        return model in ("gpt2", "bert", "nanogpt", "resnet")
+    return bool(getattr(spec, need))

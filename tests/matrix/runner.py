@@ -20,8 +20,9 @@ import torch
 from torch import nn
 from tracealyze.recorder import Recorder
 
-from .models import MODELS, ModelSpec
+from .models import ModelSpec
 from .pathologies import PATHOLOGIES, STEPS, STRAGGLER_RANK, Pathology
+from .zoo import ALL as MODELS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +33,20 @@ BASE_KNOBS: dict[str, Any] = {"grad_norm_budget": 0.0, "flush_interval_s": 2.0,
                               "system_interval_s": 0.5, "profile_start": 0, "profile_every": 0}
 
 
+class _SlowWorkers(torch.utils.data.Dataset):
+    """Batches made by DataLoader worker processes, each taking ``delay_s`` (decoding)."""
+
+    def __init__(self, batches: list[Any], delay_s: float) -> None:
+        self.batches, self.delay_s = batches, delay_s
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.delay_s)
+        return self.batches[i]
+
+
 def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int
              ) -> Iterator[Any]:
     draw = spec.data(seed * 100 + rank)
@@ -39,6 +54,14 @@ def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int
     # synthetic language in the loop costs a third of a tiny model's step, which the
     # recorder rightly reports as data-loading time.
     batches = [draw(step) for step in range(STEPS)]
+    if p.random_labels and spec.randomize is not None:
+        g = torch.Generator().manual_seed(77 + seed)
+        batches = [spec.randomize(b, g) for b in batches]
+    if p.workers:
+        yield from rec.wrap_loader(torch.utils.data.DataLoader(
+            _SlowWorkers(batches, p.worker_delay_s), batch_size=None, shuffle=False,
+            num_workers=p.workers))
+        return
 
     def gen() -> Iterator[Any]:
         for batch in batches:
@@ -67,6 +90,53 @@ def _poison(spec: ModelSpec, model: nn.Module, at: int, state: dict[str, int]) -
     child.register_forward_pre_hook(pre)
 
 
+def _largest(out: Any) -> torch.Tensor | None:
+    """The largest tensor in a model's output (logits rather than a scalar loss)."""
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) \
+        else [out]
+    ts = [t for t in items if isinstance(t, torch.Tensor)]
+    return max(ts, key=lambda t: t.numel()) if ts else None
+
+
+def _set_up(spec: ModelSpec, p: Pathology, model: nn.Module, state: dict[str, int],
+            kept: list[torch.Tensor]) -> None:
+    """The pathology's changes to the model, before the optimizer is built."""
+    if p.detach:
+        model.get_submodule(spec.cut).register_forward_hook(
+            lambda _m, _a, out: out.detach())  # the graph-cut bug
+    if p.freeze:
+        model.get_submodule(spec.freeze).requires_grad_(False)
+    if p.unused:
+        model.unused_head = nn.Linear(8, 8)  # built, never called
+    if p.keep_outputs_from is not None:
+        start = p.keep_outputs_from
+
+        def keep(_m: nn.Module, _a: Any, out: Any) -> None:
+            t = _largest(out)
+            if state["step"] >= start and t is not None and torch.is_grad_enabled():
+                kept.append(t.detach())  # "history.append(out.detach())": a slow leak
+        model.register_forward_hook(keep)
+
+
+def _loss(spec: ModelSpec, p: Pathology, model: nn.Module, batch: Any, step: int
+          ) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=p.bf16):
+        loss = spec.loss(model, batch)
+    if p.log0_at is not None:
+        # a hand-written loss, -log(likelihood), whose likelihood underflows to 0 at one step
+        lik = torch.exp(-loss) * (0.0 if step == p.log0_at else 1.0)
+        loss = -torch.log(lik)
+    return loss
+
+
+def _halves(batch: Any, n: int) -> list[Any]:
+    """A batch split into ``n`` micro-batches along its leading dimension."""
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n))
+    parts = [_halves(b, n) for b in batch]
+    return [type(batch)(x[i] for x in parts) for i in range(n)]
+
+
 def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
            seed: int = 0, rank: int = 0) -> Path:
     """Train one matrix run (one rank of it, for DDP runs started by :func:`record_ddp`)."""
@@ -78,25 +148,36 @@ def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
         _poison(spec, model, p.nan_at, state)
     if p.slow_rank_s and rank == STRAGGLER_RANK:
         model.register_forward_pre_hook(lambda _m, _a: time.sleep(p.slow_rank_s))
+    kept: list[torch.Tensor] = []
+    _set_up(spec, p, model, state, kept)
     train_model: nn.Module = model
     if p.world_size > 1:
         train_model = nn.parallel.DistributedDataParallel(model)
     opt = spec.optimizer(model, spec.lr)
     base = [g["lr"] for g in opt.param_groups]
-    kept: list[torch.Tensor] = []
+    mult = p.lr_schedule or p.lr_mult
     with Recorder(run_dir, model=train_model, optimizer=opt, preset=p.preset,
                   **{**BASE_KNOBS, **p.knobs}) as rec:
         for step, batch in enumerate(_batches(rec, spec, p, seed, rank)):
             state["step"] = step
             for g, lr in zip(opt.param_groups, base, strict=True):
-                g["lr"] = lr * p.lr_mult(step)
-            loss = spec.loss(train_model, batch)
+                g["lr"] = lr * mult(step)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            if p.accum > 1:
+                micro = _halves(batch, p.accum)
+                for i, mb in enumerate(micro):
+                    part = _loss(spec, p, train_model, mb, step) / p.accum
+                    part.backward()
+                    if i < len(micro) - 1:
+                        rec.step(loss=part.detach() * p.accum)  # folded into one step
+                loss = part * p.accum
+            else:
+                loss = _loss(spec, p, train_model, batch, step)
+                loss.backward()
             if p.clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), p.clip)
             opt.step()
-            rec.step(loss=loss.detach())
+            rec.step(loss=loss.detach().float())
             if p.leak_from is not None and step >= p.leak_from:
                 kept.append(loss)  # a loss history kept without .item(): graph and all
     return Path(run_dir)

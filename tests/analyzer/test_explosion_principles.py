@@ -1,0 +1,89 @@
+"""Gradient explosion by principle (#26): the subject is the tensor that grew most against
+its own baseline (not the first in model order), the onset is the change point where a flat
+norm turns into sustained growth (not a low point of the baseline's noise), a gradual LR
+rise into it is named as its cause, and a transient rise that settles while the loss keeps
+falling is learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tracealyze.analyzer.summary import build_summary
+
+from tests.runfactory import make_run
+
+S = np.arange(300)
+NAMES = ["emb.weight", "rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0",
+         "rnn.bias_hh_l0", "head.weight", "head.bias"]
+
+
+def _noise(seed: int, sigma: float = 0.25) -> np.ndarray:
+    return np.exp(np.random.default_rng(seed).normal(0, sigma, len(S)))
+
+
+def _growth(start: int, total: float, end: int = 260) -> np.ndarray:
+    """A norm multiplier: 1 until ``start``, then geometric growth to ``total`` at end."""
+    k = np.log(total) / (end - start)
+    return np.exp(k * np.clip(S - start, 0, end - start))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_recurrent_explosion_names_the_recurrent_weight_and_the_lr_ramp(tmp_path, seed):
+    """A GRU LM without clipping whose LR ramps ×60: the embedding (first in model order,
+    noisiest) grows ×30, the recurrent weight ×130; both flat until ~165."""
+    emb = 0.5 * _noise(seed, 0.35) * _growth(165, 30)
+    hh = 0.2 * _noise(seed + 10, 0.1) * _growth(165, 130)
+
+    def norm(s, name, kind):
+        if kind != "grad":
+            return None
+        if name == "emb.weight":
+            return emb
+        if name == "rnn.weight_hh_l0":
+            return hh
+        return 0.1 * _noise(seed + NAMES.index(name), 0.1)
+    total = np.sqrt(emb ** 2 + hh ** 2 + 5 * 0.01)
+    lr = 1e-3 * (1 + 59 * S / 300)
+    loss = np.where(S < 170, 4.0 - 2.0 * (1 - np.exp(-S / 40)),
+                    2.0 + 0.02 * (S - 170)) + 0.03 * np.random.default_rng(seed).normal(
+                        size=len(S))
+    run = make_run(tmp_path, steps=300, loss=loss, lr=lr, grad_norm=total, tensors=NAMES,
+                   tensor_norm=norm)
+    fs = build_summary(run)["findings"]
+    (f,) = [x for x in fs if x["id"] == "gradient_explosion"]
+    assert f["subject"] == "rnn.weight_hh_l0"
+    assert 155 <= f["evidence"]["onset_step"] <= 185, f["evidence"]
+    assert f["evidence"]["total_norm_exploded"] is True
+    assert "learning rate rose steadily" in f["message"]
+    assert f["evidence"]["cause"]["kind"] == "lr_ramp"
+
+
+def test_broad_growth_is_the_total(tmp_path):
+    """Every tensor grows alike (a 100x LR jump): the subject is the total norm."""
+    g = _growth(150, 200, 240)
+
+    def norm(s, name, kind):
+        return 0.1 * g * _noise(NAMES.index(name), 0.05) if kind == "grad" else None
+    loss = np.where(S < 150, 3.0 - S / 150, 2.0 + 0.05 * (S - 150))
+    run = make_run(tmp_path, steps=300, loss=loss, lr=np.where(S < 150, 1e-3, 1e-1),
+                   grad_norm=0.3 * g, tensors=NAMES, tensor_norm=norm)
+    (f,) = [x for x in build_summary(run)["findings"] if x["id"] == "gradient_explosion"]
+    assert f["subject"] == "grad_norm" and f["first_step"] == 150
+
+
+def test_transient_rise_during_a_learning_transition_is_not_an_explosion(tmp_path):
+    """A GRU's norms rise ~20x for a dozen steps while it learns a transition, then settle;
+    the loss dips, bumps a little and ends far below its start."""
+    rng = np.random.default_rng(3)
+    bump = np.where((S >= 120) & (S < 135), np.exp(0.3 * (S - 120)),
+                    np.where((S >= 135) & (S < 150), np.exp(0.3 * (150 - S)), 1.0))
+    g = 0.3 * bump * np.exp(rng.normal(0, 0.1, len(S)))
+    # a plateau, a small bump while the norms rise, then the transition: down to ~1e-3
+    loss = np.where(S < 155, 0.7 + np.where(S >= 122, 0.15, 0.0),
+                    0.001 + 0.85 * np.exp(-(S - 155) / 15.0))
+    loss = loss * np.exp(0.01 * rng.normal(size=len(S)))
+    # (with or without clipping alike: norms are recorded before clipping)
+    run = make_run(tmp_path, steps=300, loss=loss, grad_norm=g, tensors=NAMES,
+                   tensor_norm=lambda s, n, k: g / 3 if k == "grad" else None)
+    fs = build_summary(run)["findings"]
+    assert not [x for x in fs if x["severity"] != "info"], fs

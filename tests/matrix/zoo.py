@@ -1,0 +1,9 @@
+"""Every architecture of the matrix: the original four (models.MODELS, also used by the
+integration tests) and the wider set (archs.MORE)."""
+
+from __future__ import annotations
+
+from .archs import MORE
+from .models import MODELS, ModelSpec
+
+ALL: dict[str, ModelSpec] = {**MODELS, **MORE}
