@@ -17,6 +17,7 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "schema_version": (int,), "run_id": (str,), "source": (str,), "started": NUMBER,
     "started_iso": (str,), "ended": (*NUMBER, _N), "status": (str,), "heartbeat": NUMBER,
     "flush_interval_s": (*NUMBER, _N), "host": (str,), "pid": (int,), "world_size": (int,),
+    "cpu_count": (int, _N),
     "versions": (dict,), "preset": (str, _N), "knobs": (dict, _N), "model": (dict, _N),
     "device": (dict, _N), "resumes": (list,), "counters": (dict,), "exit_code": (int, _N),
     "data": (dict,),

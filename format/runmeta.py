@@ -95,6 +95,7 @@ def new_run_meta(*, preset: str | None, knobs: dict[str, Any] | None, world_size
         "flush_interval_s": flush_interval_s,
         "host": socket.gethostname(),
         "pid": os.getpid(),
+        "cpu_count": os.cpu_count(),
         "world_size": world_size,
         "versions": {"python": platform.python_version(), "platform": sys.platform,
                      **(versions or {})},

@@ -22,12 +22,17 @@ class ProfilerSchedule:
 
     def __init__(self, *, start: int, every: int, warmup: int, active: int, max_windows: int,
                  trace_dir: Path, cuda: bool,
-                 submit: Callable[[Callable[[Any], None]], bool]) -> None:
+                 submit: Callable[[Callable[[Any], None]], bool],
+                 on_window: Callable[[int, int], None] | None = None) -> None:
+        """``on_window(first_step, last_step)`` is told each window once it closed (the
+        recorder writes a ``profiler_window`` event: the analyzer discounts the memory the
+        profiler keeps, which is the recorder's own, not the training's)."""
         self.start, self.every, self.warmup, self.active = start, every, warmup, active
         self.max_windows = max_windows
         self.trace_dir = trace_dir
         self.cuda = cuda
         self.submit = submit
+        self.on_window = on_window
         self.windows = 0
         self.prof: Any = None
         self._left = 0
@@ -78,6 +83,9 @@ class ProfilerSchedule:
         prof, self.prof = self.prof, None
         self.windows += 1
         prof.stop()
+        if self.on_window is not None:
+            self.on_window(self._first, self._first + self.warmup + self.active - 1
+                           - max(0, self._left))
 
     def _ready(self, prof: Any) -> None:
         # Exporting must happen here, on the training thread (the profiler's data lives in

@@ -161,7 +161,10 @@ class Recorder(StepLifecycle):
                 max_windows=self.config.profile_max_windows,
                 trace_dir=self.run_dir / "traces" / f"rank={self.rank}",
                 cuda=self._device is not None and self._device.type == "cuda",
-                submit=lambda item: self._writer.submit(item, "traces", wake=True))
+                submit=lambda item: self._writer.submit(item, "traces", wake=True),
+                on_window=lambda a, b: self.event(
+                    "profiler_window", f"profiler window over steps {a}-{b}", severity="info",
+                    first_step=a, last_step=b))
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(True)
         self._process = ProcessHooks(self, handle_sigterm=self.config.handle_sigterm)

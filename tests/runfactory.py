@@ -247,7 +247,7 @@ def make_run(
     memory_every: int = 1,
     metrics: Mapping[str, Any] | None = None,
     events: Iterable[Mapping[str, Any]] = (),
-    system: bool = False,
+    system: bool | Mapping[str, float] = False,
     parts: int = 1,
     merged: bool = False,
     heartbeat_age_s: float = 0.0,
@@ -392,8 +392,10 @@ def make_run(
                 _write_table_parts(run_dir, "metrics", rank, pa.concat_tables(mt), parts, merged)
 
         if system:
+            load = dict(system) if isinstance(system, Mapping) else {}
             sys_t = {"rank": np.full(n, rank, np.int32), "time": times,
-                     "cpu_percent": np.full(n, 50.0), "proc_cpu_percent": np.full(n, 90.0),
+                     "cpu_percent": np.full(n, load.get("cpu_percent", 50.0)),
+                     "proc_cpu_percent": np.full(n, load.get("proc_cpu_percent", 90.0)),
                      "mem_percent": np.full(n, 30.0)}
             _write_table_parts(run_dir, "system", rank, to_arrow("system", sys_t), 1, False)
 

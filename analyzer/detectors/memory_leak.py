@@ -8,6 +8,7 @@ Mann–Kendall test; a practical size threshold keeps tiny slow drifts out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +45,9 @@ DOC = {
             "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
             "the device capacity is known. Host: heap_bytes (malloc in use: no allocator "
             "caching, so min_growth_heap_bytes) when it shows the leak, else RSS; onset = where "
-            "a steady per-step rise begins (else the last window floor at the start level).",
+            "a steady per-step rise begins (else the last window floor at the start level). "
+            "The recorder's own profiler windows are discounted: their steps are skipped and "
+            "the level the profiler kept is subtracted from what follows.",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies.",
 }
@@ -123,6 +126,45 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any],
             "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
 
 
+SETTLE = 10
+"""Steps after a profiler window before its memory is read as settled."""
+
+
+def profiler_windows(ctx: Context) -> dict[int, list[tuple[int, int]]]:
+    """rank -> (first, last) step of each profiler window the recorder opened (its
+    ``profiler_window`` events; fields checked, the run is untrusted)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for rank, text in ctx.rows("SELECT rank, details FROM events "
+                               "WHERE kind = 'profiler_window'"):
+        try:
+            d = json.loads(text) if isinstance(text, str) else {}
+        except ValueError:
+            continue
+        a, b = (d.get("first_step"), d.get("last_step")) if isinstance(d, dict) else (0, 0)
+        if isinstance(a, int) and isinstance(b, int) and 0 <= a <= b:
+            out.setdefault(int(rank), []).append((a, b))
+    return out
+
+
+def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The recorder's own memory taken out: each profiler window's steps (and SETTLE after)
+    are dropped, and the level its profiler kept (the settled median after it minus the
+    median before it, when positive) is subtracted from every later value. What the
+    profiler keeps is a one-off step in the floor, and it is the recorder's, not the
+    training's."""
+    val = val.astype(np.float64).copy()
+    keep = np.ones(len(step), dtype=bool)
+    for a, b in sorted(windows):
+        ok = np.isfinite(val)
+        pre = val[ok & (step >= a - SETTLE) & (step < a)]
+        post = val[ok & (step > b + SETTLE) & (step <= b + 2 * SETTLE)]
+        if len(pre) and len(post):
+            val[step > b] -= max(0.0, float(np.median(post)) - float(np.median(pre)))
+        keep &= ~((step >= a) & (step <= b + SETTLE))
+    return step[keep], val[keep]
+
+
 def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     cols = ctx.arrays(
         "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, heap_bytes::DOUBLE AS heap_bytes, "
@@ -134,6 +176,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     slices = _data.rank_slices(cols["rank"])
     out = []
     device_total = ((ctx.run.meta.get("device") or {}).get("total_memory_bytes"))
+    windows = profiler_windows(ctx)
     host_found = False
     for counter in COUNTERS:
         if counter in HOST and host_found:
@@ -145,8 +188,10 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         min_frac = th["min_growth_heap_frac"] if heap else None
         for r, sel in slices:
             vals = np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64)
-            res = _analyse(np.asarray(cols["step"][sel], np.int64), vals, th, min_growth,
-                           min_frac, precise=heap)
+            steps = np.asarray(cols["step"][sel], np.int64)
+            if windows.get(int(r)):
+                steps, vals = discount(steps, vals, windows[int(r)])
+            res = _analyse(steps, vals, th, min_growth, min_frac, precise=heap)
             if res is None:
                 continue
             leaking.append(int(r))

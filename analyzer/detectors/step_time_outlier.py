@@ -23,6 +23,11 @@ DEFAULTS: dict[str, Any] = {
     "busy_cpu_percent": 80.0,  # machine CPU (system table) during the slow steps at or above
                                # this, and 20 points above the run's median: other processes
                                # kept the machine busy (info, not a warning about the run)
+    "others_cores": 0.5,       # ... or other processes held at least this many cores' worth
+                               # of CPU during the slow steps (the machine's CPU minus this
+                               # process's, over run.json's cpu_count): a machine busy for
+                               # the whole run is still busy; half a core taken by others
+                               # stalls a loop whose threads use every core
     "min_steps": 20,
 }
 DOC = {
@@ -30,7 +35,8 @@ DOC = {
     "rule": "after warm-up, duration − median > z × 1.4826·MAD and > min_rel × median; info "
             "unless the excess time of the outliers is ≥ warn_time_share of the total and "
             "≥ min_excess_s seconds, and the machine was not busy with other work during "
-            "the slow steps (system table CPU ≥ busy_cpu_percent). Steps "
+            "the slow steps (system table CPU ≥ busy_cpu_percent and 20 points above its "
+            "median, or other processes using ≥ others_cores cores then). Steps "
             "where the recorder computed full statistics or profiled are not judged.",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
@@ -104,7 +110,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                     "threshold": rule["threshold"]}
     if best is None:
         return []
-    busy = _machine_busy(ctx, best, th["busy_cpu_percent"])
+    busy = _machine_busy(ctx, best, th["busy_cpu_percent"], float(th["others_cores"]))
     sev = ("warning" if best["share"] >= th["warn_time_share"]
            and best["excess"] >= th["min_excess_s"] and busy is None else "info")
     n = len(best["steps"])
@@ -129,10 +135,12 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                   "machine_cpu_pct_during": busy[0] if busy else None})]
 
 
-def _machine_busy(ctx: Context, best: dict[str, Any], limit: float
+def _machine_busy(ctx: Context, best: dict[str, Any], limit: float, others_cores: float
                   ) -> tuple[float, float] | None:
     """(machine CPU % during the slow steps, typical machine CPU %) when other work kept the
     machine busy then (system table, sampled in the background); None otherwise."""
+    cores = ctx.run.meta.get("cpu_count")
+    cores = cores if isinstance(cores, int) and cores > 0 else None
     ends = [float(t) for t in best["ends"] if np.isfinite(t)]
     if not ends:
         return None
@@ -141,12 +149,15 @@ def _machine_busy(ctx: Context, best: dict[str, Any], limit: float
     params: list[Any] = [best["rank"]]
     for a, b in zip(starts[:200], ends[:200], strict=False):
         params += [a, b + 1.0]
-    during = ctx.rows(f"SELECT avg(cpu_percent) FROM system WHERE rank = ? AND ({cond})",
-                      params)[0][0]
+    during, others = ctx.rows(
+        f"SELECT avg(cpu_percent), avg(cpu_percent - proc_cpu_percent / {cores or 1}) "
+        f"FROM system WHERE rank = ? AND ({cond})", params)[0]
     typical = ctx.rows("SELECT median(cpu_percent) FROM system WHERE rank = ?",
                        [best["rank"]])[0][0]
     if during is None or typical is None:
         return None
     if during >= limit and during >= typical + 20.0:
+        return float(during), float(typical)
+    if cores is not None and others is not None and others * cores / 100.0 >= others_cores:
         return float(during), float(typical)
     return None

@@ -255,6 +255,24 @@ def test_step_time_outliers(tmp_path):
     assert g["severity"] == "info"
 
 
+@pytest.mark.parametrize(("cores", "cpu", "proc", "severity"), [
+    (2, 95.0, 100.0, "info"),     # another job holds ~0.9 of 2 cores all run long
+    (2, 55.0, 100.0, "warning"),  # the training alone: others hold 0.1 core
+    (16, 60.0, 100.0, "info"),    # others hold ~8.8 of 16 cores
+    (None, 95.0, 100.0, "warning"),  # no cpu_count (older runs): only the relative rule
+])
+def test_slow_steps_on_a_machine_busy_all_run_long(tmp_path, cores, cpu, proc, severity):
+    """A machine busy for the whole run is still busy: judged by other processes' share of
+    the cores, not only against the run's own median CPU."""
+    d = np.full(200, 0.1)
+    d[[50, 51, 120]] = 3.0
+    meta = {"cpu_count": cores} if cores else None
+    run = make_run(tmp_path, steps=200, duration=d, run_meta=meta,
+                   system={"cpu_percent": cpu, "proc_cpu_percent": proc})
+    (f,) = found(run, "step_time_outlier")
+    assert f["severity"] == severity
+
+
 def test_step_time_outlier_negative(tmp_path):
     assert found(make_run(tmp_path, steps=200), "step_time_outlier") == []
 

@@ -78,7 +78,7 @@ class Pathology:
     log0_at: int | None = None
     """A hand-written loss takes log(0) at this step."""
     keep_outputs_from: int | None = None
-    """From this step, every step's largest model output is kept (detached) in a list."""
+    """From this step, every leaf module's output is kept (detached) in a list."""
     workers: int = 0
     worker_delay_s: float = 0.0
     """DataLoader worker processes, and the seconds each takes to make a batch."""
@@ -101,7 +101,7 @@ PATHOLOGIES: dict[str, Pathology] = {
     "healthy": Pathology(truth=Truth()),
     # transformers.Trainer's default max_grad_norm; half the steps of a small LM clip
     "healthy_clip": Pathology(truth=Truth(), clip=1.0),
-    "lr_x100": Pathology(must_show=True, 
+    "lr_x100": Pathology(must_show=True,
         truth=Truth(ids=("loss_divergence", "gradient_explosion", "nonfinite", "loss_plateau",
                          "loss_spike"), mentions=("learning rate",)),
         lr_mult=lambda step: 100.0),
@@ -129,7 +129,7 @@ PATHOLOGIES: dict[str, Pathology] = {
     # never be a finding)
     "healthy_profiled": Pathology(truth=Truth(), knobs={"profile_start": 50}),
     # ---- pathologies (#26)
-    "lr_ramp": Pathology(must_show=True, 
+    "lr_ramp": Pathology(must_show=True,
         truth=Truth(ids=("gradient_explosion", "loss_divergence", "nonfinite", "loss_spike",
                          "loss_plateau"), mentions=("learning rate",)),
         lr_mult=lambda step: 1.0 + 59.0 * step / STEPS),

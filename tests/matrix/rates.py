@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from tests.matrix.zoo import ALL as MODELS
 from tests.matrix.pathologies import PATHOLOGIES
+from tests.matrix.zoo import ALL as MODELS
 from tests.scenarios import checks
 
 _NAME = re.compile(r"^(?P<model>[a-z0-9]+)-(?P<pathology>[a-z0-9_]+?)(?:-s(?P<seed>\d+))?$")

@@ -114,8 +114,12 @@ def _set_up(spec: ModelSpec, p: Pathology, model: nn.Module, state: dict[str, in
         def keep(_m: nn.Module, _a: Any, out: Any) -> None:
             t = _largest(out)
             if state["step"] >= start and t is not None and torch.is_grad_enabled():
-                kept.append(t.detach())  # "history.append(out.detach())": a slow leak
-        model.register_forward_hook(keep)
+                kept.append(t.detach())  # "acts[name].append(out.detach())": never cleared
+        # a debugging hook that keeps every layer's output for plotting, and a list nobody
+        # empties
+        for m in model.modules():
+            if not any(True for _ in m.children()):
+                m.register_forward_hook(keep)
 
 
 def _loss(spec: ModelSpec, p: Pathology, model: nn.Module, batch: Any, step: int

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.matrix.zoo import ALL as MODELS
 from tests.matrix.pathologies import PATHOLOGIES, STEP_TOLERANCE, applies
 from tests.matrix.runner import REPO_ROOT, _env, run_dir_of
+from tests.matrix.zoo import ALL as MODELS
 from tests.scenarios import checks
 
 pytestmark = pytest.mark.slow
