@@ -348,6 +348,11 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
             execute_one(con, f"CREATE VIEW {q}{table} AS {sql}")
         if shards.is_sharded(run.meta):
             shards.combine(con, q)
+        # where a user looks first for per-layer gradient norms: one row per step and
+        # parameter (the rows of tensor_stats with kind = 'grad')
+        execute_one(con, f"CREATE VIEW {q}grads AS SELECT rank, step, name, norm, absmax, "
+                         f"mean, std, min, max, zero_frac, nonfinite FROM {q}tensor_stats "
+                         "WHERE kind = 'grad'")
         tsql = _view_sql("trace_events", valid["trace_events"])
         if len(run.ranks) > MANY_RANKS:
             tsql = _held(con, tsql, f"_held_{schema or 'main'}_trace_events", HELD_TRACE_ROWS)

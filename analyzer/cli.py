@@ -148,7 +148,8 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> 
 
     Every table (steps, tensor_stats, metrics, events, memory, system, trace_events) is a view
     of that name over all ranks and parts. Given several runs, every view covers all of them
-    and gains a leading run_id column. The SQL can read only these runs' files unless
+    and gains leading run_id and run_path columns (a directory in the list that is
+    not a run is skipped with a warning). The SQL can read only these runs' files unless
     --allow-files is given; it can never write.
 
     \b
@@ -165,6 +166,8 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> 
 
     with opener(run_dirs[0] if len(run_dirs) == 1 else run_dirs,
                 allow_files=allow_files) as runs:
+        for why in getattr(runs, "skipped", ()):
+            click.echo(f"warning: skipped {why}", err=True)
         cols, rows = runs.query(sql)
     if fmt == "csv":
         import csv

@@ -25,8 +25,11 @@ class RunSet(Views):
     """Runs opened together; ``.query(sql)`` sees every view with a ``run_id`` column.
     Close with ``.close()`` or ``with``."""
 
-    def __init__(self, runs: list[Run], run_ids: list[str], con: Any) -> None:
+    def __init__(self, runs: list[Run], run_ids: list[str], con: Any,
+                 skipped: list[str] | None = None) -> None:
         self.runs, self.run_ids, self.con = runs, run_ids, con
+        self.skipped = skipped or []
+        """'PATH: why' for each directory given that is not a run (left out)."""
 
 
 def _ids(runs: list[Run]) -> list[str]:
@@ -48,6 +51,13 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
     that cannot be opened."""
     if not paths:
         raise RunDirError("no run directory given")
+    # A glob over a sweep's folder catches the odd non-run directory (logs/, a checkpoint
+    # folder): it is left out with a warning, not allowed to abort the query over the rest.
+    skipped = [f"{p}: not a run directory (no run.json)" for p in paths
+               if Path(p).is_dir() and not (Path(p) / "run.json").exists()]
+    paths = [p for p in paths if not (Path(p).is_dir() and not (Path(p) / "run.json").exists())]
+    if not paths:
+        raise RunDirError("none of the directories given is a run (no run.json in any)")
     seen: dict[Path, str] = {}
     for p in paths:
         real = Path(p).resolve()
@@ -61,7 +71,7 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
         runs[:] = fresh
         return fresh_con
 
-    return RunSet(runs, ids, RetryingConnection(con, reopen))
+    return RunSet(runs, ids, RetryingConnection(con, reopen), skipped)
 
 
 def _build(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
@@ -82,7 +92,8 @@ def _build(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
             views.setdefault(name, []).append(int(schema[3:]))
         for name, members in views.items():
             union = " UNION ALL BY NAME ".join(
-                f"SELECT {literal(ids[i])} AS run_id, * FROM run{i}.{name}"
+                f"SELECT {literal(ids[i])} AS run_id, {literal(str(paths[i]))} AS run_path, "
+                f"* FROM run{i}.{name}"
                 for i in sorted(members))
             execute_one(con, f"CREATE VIEW main.{name} AS {union}")
         lock(con)

@@ -39,10 +39,26 @@ def test_a_sweep_lines_up_in_sql(tmp_path: Path) -> None:
     with open_runs(runs) as rs:
         for view in ("steps", "tensor_stats", "memory", "events", "trace_events"):
             cols, _ = rs.query(f"SELECT * FROM {view} LIMIT 0")
-            assert cols[0] == "run_id", view
+            assert cols[:2] == ["run_id", "run_path"], view
+        _, paths = rs.query("SELECT DISTINCT run_id, run_path FROM steps ORDER BY 1")
+        assert {p for _, p in paths} == {str(r) for r in runs}
         cols, rows = rs.query("SELECT run_id, count(DISTINCT name) FROM tensor_stats "
                               "GROUP BY ALL ORDER BY 1")
         assert len(rows) == 3 and {r[1] for r in rows} == {2}
+
+
+def test_a_non_run_directory_in_a_glob_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    runs = [make_run(tmp_path, name=f"r{i}", steps=10) for i in range(2)]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    res = CliRunner().invoke(main, ["query", str(runs[0]), str(logs), str(runs[1]),
+                                    "SELECT count(DISTINCT run_id) FROM steps"])
+    assert res.exit_code == 0, res.output
+    assert f"warning: skipped {logs}: not a run directory" in res.stderr
+    assert "2" in res.stdout
+    (tmp_path / "ckpt").mkdir()
+    alone = CliRunner().invoke(main, ["query", str(logs), str(tmp_path / "ckpt"), "SELECT 1"])
+    assert alone.exit_code == 2 and "none of the directories given is a run" in alone.stderr
 
 
 def test_sharded_and_trace_runs_keep_their_views(tmp_path: Path) -> None:
