@@ -141,13 +141,16 @@ def comparability(a: Mapping[str, Any], b: Mapping[str, Any], da: RunData, dn: R
 
 def findings_diff(base: list[dict[str, Any]], new: list[dict[str, Any]]
                   ) -> dict[str, list[dict[str, Any]]]:
-    """Findings above info that are new, gone (resolved) or more severe, by (id, subject)."""
-    def index(fs: list[dict[str, Any]]) -> dict[tuple[str, Any], dict[str, Any]]:
-        out: dict[tuple[str, Any], dict[str, Any]] = {}
+    """Findings above info that are new, gone (resolved) or more severe, by id: the same
+    kind of problem in both runs is the same problem even when its subject moved (an
+    explosion named on another layer after a change), so no finding is ever listed as both
+    new and resolved."""
+    def index(fs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
         for f in fs:
             if f["severity"] == "info":
                 continue
-            key = (f["id"], f.get("subject"))
+            key = f["id"]
             if key not in out or severity_rank(f["severity"]) > \
                     severity_rank(out[key]["severity"]):
                 out[key] = f

@@ -175,10 +175,16 @@ def dynamics_metrics(a: RunData, b: RunData) -> list[Metric]:
     if len(common) < 10:
         return []
     out: list[Metric] = []
-    tail = max(3, int(len(common) * TAIL_FRAC))
-    la, lb = a.loss[ia][-tail:], b.loss[ib][-tail:]
+    # The loss is compared up to the first step where either run went nonfinite: a run that
+    # ended in NaN still has a loss to compare until then.
+    bad = np.flatnonzero((a.nonfinite[ia] > 0) | (b.nonfinite[ib] > 0))
+    upto = int(bad[0]) if len(bad) else len(common)
+    tail = max(3, int(upto * TAIL_FRAC))
+    la, lb = a.loss[ia][:upto][-tail:], b.loss[ib][:upto][-tail:]
     m = _sampled("loss_final", la, lb, "lower")
     if m is not None:
+        if len(bad):
+            m.evidence["up_to_step"] = int(common[upto - 1]) if upto else None
         out.append(m)
     keep = np.arange(len(common)) >= int(len(common) * WARMUP_FRAC)
     ga, gb = a.grad_norm[ia][keep], b.grad_norm[ib][keep]

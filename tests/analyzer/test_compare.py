@@ -114,6 +114,31 @@ def test_nan_steps_and_a_layer_that_moved_by_orders_of_magnitude(tmp_path: Path)
     assert r["verdict"] in ("regressed", "mixed")
 
 
+def test_loss_is_compared_up_to_the_first_nan(tmp_path: Path) -> None:
+    """Before and after a change that made training blow up at step 150: the loss until then
+    is still compared (it was already worse), and says where it stops."""
+    s = np.arange(200)
+    a = make_run(tmp_path, name="a", steps=200, seed=1, loss=3.0 - s / 100)
+    worse = np.where(s < 150, 3.2 - s / 200, np.nan)
+    b = make_run(tmp_path, name="b", steps=200, seed=2, loss=worse,
+                 nonfinite_grads=lambda st: (st >= 150).astype(int))
+    m = metric(compare_runs(a, b), "loss_final")
+    assert m["new"] > m["base"] and m["significant"]
+    assert m["evidence"]["up_to_step"] == 149
+
+
+def test_a_finding_whose_subject_moved_is_not_both_new_and_resolved(tmp_path: Path) -> None:
+    from tracealyze.analyzer.compare import findings_diff
+
+    base = [{"id": "gradient_explosion", "severity": "error", "subject": "emb.weight"}]
+    new = [{"id": "gradient_explosion", "severity": "warning", "subject": "rnn.weight_hh_l0"},
+           {"id": "loss_spike", "severity": "warning", "subject": "loss"}]
+    d = findings_diff(base, new)
+    assert [f["id"] for f in d["new"]] == ["loss_spike"]
+    assert d["resolved"] == [] and d["worse"] == []
+    assert findings_diff(new, base)["worse"][0]["id"] == "gradient_explosion"
+
+
 def test_different_models_warn_and_compare_only_what_is_comparable(tmp_path: Path) -> None:
     a = make_run(tmp_path, name="a", steps=120, seed=1, tensors=4)
     b = make_run(tmp_path, name="b", steps=80, ranks=2, seed=2, tensors=7)
