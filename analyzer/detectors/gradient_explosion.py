@@ -125,8 +125,10 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         after = np.flatnonzero(~down)
         settled = bool(down[-1]) and not ends_nonfinite and len(after) < len(down)
         return {"onset": int(step[j]), "cross": int(step[i]),
-                # still up from the crossing to the series' end (the first NaN, if any)
-                "unbroken": bool(np.all(xs[i:] >= lo[i] + need / 2)),
+                # still growing into the series' end (the first NaN, if any): its highest
+                # point among the last few before it, and up since the crossing
+                "into_end": bool(np.all(xs[i:] >= lo[i] + need / 2)
+                                 and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)),
                 "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
                 else None, "from": float(math.exp(x[j])),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
@@ -157,21 +159,21 @@ def hinge(x: np.ndarray, a: int, b: int, default: int) -> int:
 
 
 def _nan_after(res: Mapping[str, Any], nan_at: int | None, window: int) -> int | None:
-    """The step the growth ended in NaN/Inf: when that came within ``window`` steps of its
-    crossing, or the norm stayed up from the crossing until it (a NaN made elsewhere after
-    the growth receded is not this growth's end)."""
+    """The step the growth ended in NaN/Inf: when the norm was still growing into it (at its
+    highest right before). A NaN made elsewhere (a forward pass that divides by zero) after
+    a growth that levelled off, as attention weights do while they learn, is not this
+    growth's end, however soon it came."""
     if nan_at is None:
         return None
-    return nan_at if nan_at - res["cross"] <= window or res.get("unbroken") else None
+    return nan_at if res.get("into_end") else None
 
 
 def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
     """Did the loss get worse over the growth (onset → a little after the crossing), or did
     the growth end in NaN/Inf within ``window`` steps? True without a loss to tell (the
     norms alone must then do)."""
-    nan_at = res.get("first_nonfinite")
-    if nan_at is not None and nan_at - res["cross"] <= window:
-        return True
+    if res.get("first_nonfinite") is not None:
+        return True  # it grew right into a NaN/Inf
     r = _data.primary_rank(ctx, "loss")
     if r is None:
         return True
@@ -180,9 +182,9 @@ def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
     ok = np.isfinite(loss)
     if ok.sum() < 10:
         return True
-    if (~ok & d["loss_given"] & (step >= res["onset"])
-            & (step <= res["cross"] + window)).any():
-        return True  # the loss went nonfinite right after the growth
+    if res.get("into_end") and (~ok & d["loss_given"] & (step >= res["onset"])
+                                & (step <= res["cross"] + window)).any():
+        return True  # the loss went nonfinite as the norm grew into it
     step, loss = step[ok], loss[ok]
     span = max(5, res["cross"] - res["onset"])
     before = loss[(step >= res["onset"] - span) & (step <= res["onset"])]

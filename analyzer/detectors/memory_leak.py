@@ -27,10 +27,13 @@ DEFAULTS: dict[str, Any] = {
     "min_steps": 30,             # need this many memory samples after warm-up
     "windows": 50,               # number of step windows whose floor (min) is fitted
     "min_slope_bytes": 4096,     # ignore slopes below this many bytes per step ...
-    "min_growth_bytes": 33554432,  # ... or a total floor growth below 32 MiB (RSS, CUDA;
-                                   # 8 MiB for heap_bytes, which has no allocator caching) ...
-    "min_growth_heap_bytes": 4194304,
-    "min_growth_heap_frac": 0.02,
+    "min_growth_bytes": 33554432,  # ... or a total floor growth below 32 MiB (RSS, CUDA) ...
+    # heap_bytes (malloc in use) has no allocator caching: a steady rise is unambiguous at a
+    # much smaller size. Healthy matrix runs (13 architectures, 6 healthy variants each)
+    # drift ≤ 0.3 MiB over 300 steps, ~1 KiB a step, under min_slope_bytes; the graph a
+    # small CNN's kept loss holds is ~14 KiB a step, 2.8 MiB over 200 steps.
+    "min_growth_heap_bytes": 1048576,
+    "min_growth_heap_frac": 0.005,
     "error_bytes_per_10k_steps": 1073741824,  # error when it would grow ≥ 1 GiB per 10k steps,
                                              # else warning (a slow leak)
     "min_growth_frac": 0.05,     # ... or below 5% of the starting floor
@@ -74,7 +77,10 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
         return None
     # the first rising increment at or after i is the leak's first effect: it started at
     # the step before it
-    up = np.flatnonzero(rising[i:] > 0)
+    # (a transient allocation, e.g. a flush's buffer freed right after, rises and falls
+    # back at once: not the leak's start)
+    nxt = np.r_[d[1:], 0.0]
+    up = np.flatnonzero((rising[i:] > 0) & (nxt[i:] > -d[i:] / 2))
     return int(step[i + int(up[0])]) if len(up) else None
 
 

@@ -22,12 +22,14 @@ DEFAULTS: dict[str, Any] = {
     "min_frac": 0.8,           # in at least this share of the window's steps
     "min_points": 5,
     "early_frac": 0.1,         # a layer below no_grad_rel × the median layer already in this
-    "no_grad_rel": 1e-3,       # first share of the run, alone in its module, receives no
-                               # gradient (info, not a trend): the level that counts as
-                               # vanishing (max_rel_median), reached from the first steps,
-                               # is not a decline; rounding noise of a sum that cancels
-                               # reaches ~3e-6 of the median layer in float32 and ~1e-3 in
-                               # bf16 autocast
+    "no_grad_rel": 1e-2,       # first share of the run, alone in its module and flat after
+                               # (its late level within a decade of its early maximum),
+                               # receives no gradient (info, not a trend): two decades below
+                               # the median layer from the first steps is never a normal
+                               # gradient, so not a decline; rounding noise of a sum that
+                               # cancels sits at ~1e-7 of the median layer in float32 and
+                               # ~1e-3 under bf16 autocast (MLP-Mixer's token bias before
+                               # LayerNorm)
 }
 DOC = {
     "meaning": "Some layers get (almost) no gradient: they do not learn.",
@@ -35,8 +37,9 @@ DOC = {
             "‖grad‖/‖weight‖ < max_grad_weight and ‖grad‖ < max_rel_median × the median "
             "layer's ‖grad‖ (geometric means per step bucket; exact zeros count). A "
             "parameter already below no_grad_rel × the median layer in the first early_frac "
-            "of the run while its module's other parameters are not receives no gradient by "
-            "construction (an attention key bias): info, not a trend. So does a parameter "
+            "of the run while its module's other parameters are not, and that does not fall "
+            "by more than a decade after, receives no gradient by construction (an attention "
+            "key bias, rounding noise under bf16): info, not a trend. So does a parameter "
             "the model's structure makes zero (a bias right before BatchNorm/InstanceNorm, "
             "seen by the recorder in the first forward), whatever its numbers.",
     "fixes": "Use ReLU/GELU instead of saturating sigmoid/tanh, residual connections, "
@@ -82,8 +85,19 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             _stats.nanmax(early, axis=1)
     # ... and isolated: its module's other parameters get a normal gradient (a depth-wise
     # vanishing gradient shrinks a whole layer, weight and bias alike).
+    # ... and flat: still that low later, with no decline after those first steps (a
+    # vanishing gradient falls by orders of magnitude; rounding noise stays within a decade
+    # of where it started; BERT's key weights start tiny and grow: they learn)
+    with np.errstate(all="ignore"):
+        med_all = _stats.nanmedian(np.where(np.isfinite(g), g, np.nan), axis=0)
+        late = g[:, int(nb * (1 - float(th["window_frac"]))):] - med_all[
+            int(nb * (1 - float(th["window_frac"]))):]
+        late_rel = _stats.nanmedian(np.where(np.isfinite(late), late, np.nan), axis=1)
     tiny = {names[i] for i in range(len(names))
-            if not np.isfinite(early_rel[i]) or early_rel[i] < math.log(th["no_grad_rel"])}
+            if not np.isfinite(early_rel[i]) or (
+                early_rel[i] < math.log(th["no_grad_rel"])
+                and not late_rel[i] >= math.log(th["no_grad_rel"])  # (a weight that grows)
+                and not late_rel[i] < early_rel[i] - math.log(10.0))}
     learning = {n.rpartition(".")[0] for n in names if n not in tiny}  # modules
     no_grad = [i for i, n in enumerate(names) if n in tiny and n.rpartition(".")[0] in learning]
     # the structure says so (a bias before BatchNorm): zero by construction, whatever the
