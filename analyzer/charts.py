@@ -20,6 +20,7 @@ from .figures import (
     finding_markers,
     flat_range,
     line,
+    log_axis,
     short,
     spans_shapes,
 )
@@ -95,9 +96,11 @@ def loss_chart(ctx: ReportContext) -> Chart | None:
     # or a loss falling towards 0) is a flat line on a linear axis.
     ys = [v for v in env.y if v is not None and math.isfinite(v)] if env else []
     if ys and min(ys) > 0 and max(ys) / min(ys) >= LOG_SPAN:
-        fig["layout"]["yaxis"]["type"] = "log"
+        fig["layout"]["yaxis"].update(log_axis(ys))
         caption += " Log scale: the loss spans more than an order of magnitude."
     else:
+        # (full tick labels ready for the log button; unused while the axis is linear)
+        fig["layout"]["yaxis"].update({**log_axis(ys), "type": "linear", "tickmode": "auto"})
         rng = flat_range(env.y) if env else None
         if rng:
             fig["layout"]["yaxis"]["range"] = rng
@@ -121,7 +124,7 @@ def lr_chart(ctx: ReportContext) -> Chart | None:
     fig["data"][0]["line"]["shape"] = "hv"  # schedules change in steps
     ys = [v for v in env.y if v is not None and math.isfinite(v)]
     if ys and min(ys) > 0 and max(ys) / min(ys) >= LOG_SPAN:  # a ×100 jump, a long decay
-        fig["layout"]["yaxis"]["type"] = "log"
+        fig["layout"]["yaxis"].update(log_axis(ys))
     else:
         rng = flat_range(env.y)
         if rng:
@@ -145,7 +148,7 @@ def grad_norm_chart(ctx: ReportContext) -> Chart | None:
     if bad:
         caption += f" Nonfinite gradients at {bad:,} steps, first at step {first_bad:,}."
     fig = figure(traces, xtitle="step", ytitle="gradient norm (L2)",
-                 yaxis={"type": "log"}, shapes=spans_shapes(spans) + shapes, annotations=notes)
+                 yaxis=log_axis(env.y), shapes=spans_shapes(spans) + shapes, annotations=notes)
     _cover_spans(fig, env.x, spans)
     return Chart("grad-norm", "Total gradient norm", fig, caption, wide=False)
 
@@ -354,5 +357,7 @@ def _log_toggle(log: bool = False) -> dict[str, Any]:
             "pad": {"r": 0, "t": 0},
             "font": {"size": 11},
             "buttons": [
-                {"label": "linear", "method": "relayout", "args": [{"yaxis.type": "linear"}]},
-                {"label": "log", "method": "relayout", "args": [{"yaxis.type": "log"}]}]}
+                {"label": "linear", "method": "relayout",
+                 "args": [{"yaxis.type": "linear", "yaxis.tickmode": "auto"}]},
+                {"label": "log", "method": "relayout",
+                 "args": [{"yaxis.type": "log", "yaxis.tickmode": "array"}]}]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .anchors import ACTIVATION_NORMS, ACTIVATIONS, UPDATE_RATIO
 from .downsample import num
-from .figures import PALETTE, Chart, figure, finding_markers, line, short
+from .figures import PALETTE, Chart, figure, finding_markers, line, log_axis, short
 from .report_context import ReportContext
 
 MAX_SERIES = 8
@@ -54,7 +54,8 @@ def update_ratio_chart(ctx: ReportContext) -> Chart | None:
     series = _series(ctx, "update", "ratio",
                      "abs(log10(greatest(avg(ratio), 1e-30)) + 3) DESC, name")
     return _chart(ctx, UPDATE_RATIO, series, title="Update / weight ratio",
-                  ytitle="‖update‖ / ‖weight‖", value="ratio %{y:.3g}", yaxis={"type": "log"},
+                  ytitle="‖update‖ / ‖weight‖", value="ratio %{y:.3g}",
+                  yaxis=log_axis([v for _, ys in series.values() for v in ys]),
                   caption="Parameters furthest from the usual ~1e-3 per step (log scale).")
 
 

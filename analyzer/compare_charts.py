@@ -12,7 +12,7 @@ import numpy as np
 
 from .catalog import Run
 from .downsample import bucket_rows, envelopes, num
-from .figures import BLUE, ORANGE, Chart, esc, figure, line, time_unit
+from .figures import BLUE, ORANGE, Chart, esc, figure, line, log_axis, time_unit
 
 BUCKETS = 400
 """Buckets per run per line chart (min and max kept per bucket for loss and norms)."""
@@ -30,7 +30,7 @@ def _rank(run: Run) -> int:
 def _log_if_wide(fig: dict[str, Any], ys: list[Any]) -> bool:
     vals = [v for v in ys if v is not None and math.isfinite(v)]
     if vals and min(vals) > 0 and max(vals) / min(vals) >= LOG_SPAN:
-        fig["layout"]["yaxis"]["type"] = "log"
+        fig["layout"]["yaxis"].update(log_axis(vals))
         return True
     return False
 

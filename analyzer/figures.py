@@ -9,6 +9,7 @@ script so the specs stay small.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,3 +133,20 @@ def spans_shapes(spans: list[tuple[int, int]], colour: str = RED) -> list[dict[s
     return [{"type": "rect", "xref": "x", "yref": "paper", "x0": a - 0.5, "x1": b + 0.5,
              "y0": 0, "y1": 1, "fillcolor": colour, "opacity": 0.18, "line": {"width": 0},
              "layer": "below"} for a, b in spans]
+
+
+def log_axis(ys: list[Any]) -> dict[str, Any]:
+    """A log y axis whose ticks are labelled in full (0.5, 5, 50, not Plotly's lone leading
+    digits "5" next to "5" meaning 0.5 and 50): 1-2-5 per decade over up to three decades,
+    1-3 up to six, decades beyond, as plain numbers (1e+06 when long)."""
+    vals = [float(v) for v in ys if v is not None and math.isfinite(v) and v > 0]
+    if not vals:
+        return {"type": "log"}
+    lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
+    hi = max(hi, lo + 1)
+    steps = (1, 2, 5) if hi - lo <= 3 else (1, 3) if hi - lo <= 6 else (1,)
+    every = max(1, (hi - lo) // 12)
+    ticks = [m * 10.0 ** k for k in range(lo, hi + 1, every) for m in steps
+             if m * 10.0 ** k <= 10.0 ** hi]
+    return {"type": "log", "tickmode": "array", "tickvals": ticks,
+            "ticktext": [f"{t:.3g}" for t in ticks]}

@@ -240,6 +240,7 @@ def make_run(
     activations: Sequence[str] = (),
     activation_stats: Callable[[np.ndarray, str], Mapping[str, Any]] | None = None,
     rss: Any = "default",
+    heap: Any = None,
     cuda_allocated: Any = None,
     cuda_reserved: Any = None,
     cuda_alloc_retries: Any = None,
@@ -317,7 +318,7 @@ def make_run(
         }
         for col, spec in (("rss_bytes", rss_v), ("cuda_allocated_bytes", cuda_allocated),
                           ("cuda_reserved_bytes", cuda_reserved),
-                          ("cuda_alloc_retries", cuda_alloc_retries)):
+                          ("cuda_alloc_retries", cuda_alloc_retries), ("heap_bytes", heap)):
             vals = spec if col == "rss_bytes" else series(spec, mem_steps, rank)
             mem[col] = vals.astype(np.int64) if vals is not None else pa.nulls(m, pa.int64())
         if cuda_total is not None:
