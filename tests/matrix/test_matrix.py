@@ -48,7 +48,8 @@ def jobs(seed: int = 0) -> list[list[str]]:
 @pytest.fixture(scope="session")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("matrix")
-    failures = run_jobs(root, jobs(0))
+    # one recording process per core (each trains on one thread), at least two
+    failures = run_jobs(root, jobs(0), parallel=max(2, min(4, os.cpu_count() or 2)))
     assert not failures, "\n".join(failures)
     return root
 
