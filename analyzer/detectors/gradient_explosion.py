@@ -188,7 +188,10 @@ def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
     step, loss = step[ok], loss[ok]
     span = max(5, res["cross"] - res["onset"])
     before = loss[(step >= res["onset"] - span) & (step <= res["onset"])]
-    after = loss[(step >= res["cross"]) & (step <= res["cross"] + span)]
+    # around the crossing, not long after it: damage done later by something else (an LR
+    # jump 10 steps after BERT's attention weights finished growing) is not this growth's
+    lag = max(5, span // 4)
+    after = loss[(step >= res["cross"] - lag) & (step <= res["cross"] + lag)]
     if len(before) < 3 or len(after) < 3:
         return True
     noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
@@ -252,8 +255,13 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             res = None  # grows, but stays negligible next to the whole model's gradient
         if res is not None:
             res["name"] = name
+            # a NaN is this tensor's doing only when its gradient grew far past the model's
+            # usual total on the way (BERT's query weights grow 1000x to an ordinary level
+            # while they learn; a forward NaN after that is not their explosion)
+            big = typical_total is None or res["max"] >= float(th["factor"]) * typical_total
+            res["into_end"] = res["into_end"] and big
             res["first_nonfinite"] = _nan_after(
-                res, int(s["first_nonfinite"][bad[0]]) if len(bad) else None,
+                res, int(s["first_nonfinite"][bad[0]]) if len(bad) and big else None,
                 int(th["window"]))
             layers.append(res)
     # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the

@@ -76,11 +76,14 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     first = idx[0]
     spikes = [int(s) for s in step[idx][:20]]
     sev = "error" if len(idx) >= th["error_count"] else "warning"
+    # a learning rate rising into the spikes (a ramp, an endless warm-up) is their cause
+    ramp = _changes.lr_ramp(ctx, int(step[first]) - 10, int(step[first]))
     return [Finding(
         id=ID, severity=sev, subject="loss", first_step=int(step[first]),
         title=f"{len(idx)} loss spike{'s' if len(idx) > 1 else ''}",
         message=_message(step, loss, base, resid, sigma, first, worst, len(idx))
-        + _changes.early_lr_note(ctx, int(step[first])),
+        + (f" They come as {ramp['text']}." if ramp is not None
+           else _changes.early_lr_note(ctx, int(step[first]))),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
                   "first_loss": float(loss[first]), "first_local_median": float(base[first]),

@@ -316,7 +316,7 @@ MORE: dict[str, ModelSpec] = {
                      nan_parent="layers.1", nan_child="lin_nbr", cut="embed",
                      cut_subject=("embed",), freeze="layers.0",
                      randomize=random_node_labels, chance_loss=math.log(4)),
-    "recsys": ModelSpec(build=lambda s: Recommender(s), optimizer=adam, lr=1e-2,
+    "recsys": ModelSpec(build=lambda s: Recommender(s), optimizer=adam, lr=2e-2,
                         batch_size=64, data=lambda s: click_batches(s), loss=click_loss,
                         nan_parent="tower", nan_child="fc2", cut="history",
                         cut_subject=("history",), freeze="item",

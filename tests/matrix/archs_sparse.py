@@ -102,7 +102,7 @@ def click_batches(seed: int, batch: int = 64) -> Callable[[int], tuple[torch.Ten
         g = torch.Generator().manual_seed(seed * 1_000_099 + step)
         hist = torch.randint(0, ITEMS, (batch, 8), generator=g)
         cand = torch.randint(0, ITEMS, (batch,), generator=g)
-        score = (latent[hist].mean(1) * latent[cand]).sum(-1) * 4
+        score = (latent[hist].mean(1) * latent[cand]).sum(-1) * 6
         click = (torch.rand(batch, generator=g) < torch.sigmoid(score)).float()
         return hist, cand, click
 
