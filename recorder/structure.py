@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .hooks import is_compiling
+
 _MEAN_REMOVING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 """Normalisations that remove every channel's mean (so a per-channel bias before them)."""
 
@@ -56,8 +58,9 @@ class StructureProbe:
         return self.model.training and torch.is_grad_enabled()
 
     def _begin(self, _m: nn.Module, _args: Any) -> None:
-        # (a sanity-check pass in eval mode or under no_grad says nothing about training)
-        self.active = self._training()
+        # (a sanity-check pass in eval mode or under no_grad says nothing about training; a
+        # pass torch.compile traces is not watched: telemetry never enters a graph)
+        self.active = self._training() and not is_compiling()
 
     def _called(self, name: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _args: Any) -> None:
