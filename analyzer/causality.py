@@ -39,14 +39,22 @@ RULES: tuple[Rule, ...] = (
     Rule("loss_divergence", ("gradient_explosion",), slack=5),
     Rule("nonfinite", ("gradient_explosion", "loss_divergence")),
     Rule("loss_spike", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
-    Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
+    # parameters that cannot learn (a graph cut, a block frozen by mistake, a head the
+    # optimizer does not hold) explain a loss that does not fall
+    Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite",
+                          "optimizer_coverage", "no_gradient", "unused_module"), slack=5),
     Rule("update_ratio", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
     Rule("training_crashed", ("nonfinite", "memory_leak"), needs_step=False),
     Rule("gpu_idle", ("dataloader_bottleneck", "host_sync"), needs_step=False),
 )
 
 
+_COVERAGE = ("optimizer_coverage", "no_gradient", "unused_module")
+
+
 def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
+    if cause.id in _COVERAGE and cause.severity == "info":
+        return False  # a block frozen on purpose is context, not a cause
     if rule.needs_step:
         if cause.first_step is None or symptom.first_step is None:
             return False

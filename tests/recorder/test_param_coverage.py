@@ -168,3 +168,29 @@ def test_structure_probe_skips_eval_passes_and_removes_its_hooks(tmp_path):
     assert hooks > 0 and after == 0
     (ev,) = events(tmp_path / "run", "model_structure")
     assert "conv1.bias" in ev["details"]
+
+
+def test_a_block_frozen_by_mistake_is_the_root_cause_of_the_plateau(tmp_path):
+    """Everything that could learn is frozen (yet handed to the optimizer): the loss cannot
+    fall, and the summary says why first."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    m.requires_grad_(False)
+    m[2].bias.requires_grad_(True)  # (one scalar still trains: backward runs)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    run = tmp_path / "run"
+    opt = torch.optim.SGD(m.parameters(), lr=1e-4)
+    with Recorder(run, model=m, optimizer=opt, profile_start=0) as rec:
+        for i in range(120):
+            idx = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+            loss = (m(x[idx]) - y[idx]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss.detach())
+    s = checks.summarize(run)
+    top = s["findings"][0]
+    assert top["id"] == "optimizer_coverage", checks.describe(s)
+    plateau = checks.by_id(s, "loss_plateau")
+    assert plateau and plateau[0]["severity"] == "warning"
+    assert plateau[0]["caused_by"] == "optimizer_coverage"
