@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import anchors
 from ..findings import Finding
-from . import _data, _stats, _structure
+from . import _changes, _data, _stats, _structure
 from .base import Context
 
 ID = "vanishing_gradient"
@@ -148,12 +148,35 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                  f"‖grad‖ ≈ {gnorm:.3g}"
                  + (f", {ratio:.2g} of its weight norm" if ratio is not None else "")
                  + (f", vs {math.exp(layer_med):.3g} for the median layer"
-                    if layer_med is not None else "") + "."),
+                    if layer_med is not None else "") + "."
+                 + _collapse_note(ctx, early_med, layer_med)),
         advice=DOC["fixes"], chart=anchors.GRAD_HEATMAP,
         evidence={"layers": [names[i] for i in bad[:20]], "layers_vanishing": len(bad),
                   "layers_total": len(names), "grad_norm": gnorm, "grad_weight_ratio": ratio,
                   "median_layer_grad_norm": math.exp(layer_med) if layer_med is not None
                   else None, "bucket_steps": int(tb["bucket_size"])})]
+
+
+COLLAPSE = 100.0
+"""The median layer's gradient falling this many times from the first steps (at
+initialisation, before a bad learning rate does its damage) to the late window is a collapse
+of the whole model (dead units, saturated norms), not a depth effect."""
+
+
+def _collapse_note(ctx: Context, early_med: np.ndarray, late_med: float | None) -> str:
+    """When every layer's gradient collapsed together: say so, with the learning rate (a far
+    too high one kills units and saturates norms; the usual cause)."""
+    ok = early_med[:3][np.isfinite(early_med[:3])]  # the first steps, at initialisation
+    if late_med is None or not len(ok):
+        return ""
+    fall = math.exp(float(np.median(ok)) - late_med)
+    if fall < COLLAPSE:
+        return ""
+    lr = _changes.lr_summary(ctx)
+    return (f" The median layer's gradient itself fell {fall:.3g}× since the first steps: "
+            "the whole model stopped learning (dead units, saturated normalisation)"
+            + (f", at a learning rate of {lr['max']:.3g}; a learning rate far too high "
+               "is the usual cause" if lr is not None else "") + ".")
 
 
 def _zero_by_construction(names: list[str], total: int,

@@ -102,8 +102,10 @@ PATHOLOGIES: dict[str, Pathology] = {
     # transformers.Trainer's default max_grad_norm; half the steps of a small LM clip
     "healthy_clip": Pathology(truth=Truth(), clip=1.0),
     "lr_x100": Pathology(must_show=True,
+        # (a collapse of every layer's gradient is what ×100 does to BERT: vanishing
+        # gradients across the model, named with the learning rate)
         truth=Truth(ids=("loss_divergence", "gradient_explosion", "nonfinite", "loss_plateau",
-                         "loss_spike"), mentions=("learning rate",)),
+                         "loss_spike", "vanishing_gradient"), mentions=("learning rate",)),
         lr_mult=lambda step: 100.0),
     "lr_jump": Pathology(
         truth=Truth(ids=("loss_divergence", "gradient_explosion", "nonfinite"),
