@@ -160,12 +160,12 @@ def hinge(x: np.ndarray, a: int, b: int, default: int) -> int:
 
 def _nan_after(res: Mapping[str, Any], nan_at: int | None, window: int) -> int | None:
     """The step the growth ended in NaN/Inf: when the norm was still growing into it (at its
-    highest right before). A NaN made elsewhere (a forward pass that divides by zero) after
-    a growth that levelled off, as attention weights do while they learn, is not this
-    growth's end, however soon it came."""
+    highest right before), or it came within ``window`` steps of the crossing. (A layer's
+    growth that stayed below the model's usual total, as attention weights grow while they
+    learn, is never blamed for a NaN: see detect.)"""
     if nan_at is None:
         return None
-    return nan_at if res.get("into_end") else None
+    return nan_at if res.get("into_end") or nan_at - res["cross"] <= window else None
 
 
 def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
@@ -182,9 +182,9 @@ def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
     ok = np.isfinite(loss)
     if ok.sum() < 10:
         return True
-    if res.get("into_end") and (~ok & d["loss_given"] & (step >= res["onset"])
-                                & (step <= res["cross"] + window)).any():
-        return True  # the loss went nonfinite as the norm grew into it
+    if res.get("may_end_in_nan", True) and (~ok & d["loss_given"] & (step >= res["onset"])
+                                             & (step <= res["cross"] + window)).any():
+        return True  # the loss went nonfinite right after the growth
     step, loss = step[ok], loss[ok]
     span = max(5, res["cross"] - res["onset"])
     before = loss[(step >= res["onset"] - span) & (step <= res["onset"])]
@@ -260,6 +260,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             # while they learn; a forward NaN after that is not their explosion)
             big = typical_total is None or res["max"] >= float(th["factor"]) * typical_total
             res["into_end"] = res["into_end"] and big
+            res["may_end_in_nan"] = big
             res["first_nonfinite"] = _nan_after(
                 res, int(s["first_nonfinite"][bad[0]]) if len(bad) and big else None,
                 int(th["window"]))

@@ -146,6 +146,14 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         message=(f"Nonfinite values appeared at step {first}: {where}."
                  + (f" The loss went nonfinite at step {q['loss']}."
                     if q["loss"] is not None else "")
-                 + (_changes.early_lr_note(ctx, first) if subject not in _INPUT_NAMES
-                    else "")),
+                 + (_lr_context(ctx, first) if subject not in _INPUT_NAMES else "")),
         advice=DOC["fixes"], evidence=ev, chart=anchors.GRAD_HEATMAP)]
+
+
+def _lr_context(ctx: Context, first: int) -> str:
+    """A learning rate rising into the NaN (a ramp, an endless warm-up) is named as its
+    likely cause; else the early-LR note."""
+    ramp = _changes.lr_ramp(ctx, first - 10, first)
+    if ramp is not None:
+        return f" It came as {ramp['text']}."
+    return _changes.early_lr_note(ctx, first)
