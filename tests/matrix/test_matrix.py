@@ -24,7 +24,8 @@ from tests.matrix.runner import REPO_ROOT, _env, run_dir_of
 from tests.matrix.zoo import ALL as MODELS
 from tests.scenarios import checks
 
-pytestmark = pytest.mark.slow
+# (the first test records the whole matrix in its session fixture: ~5-9 minutes on 2 cores)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # the leak first: its process's allocator must not have grown for other reasons before it;
 # the second leak (leak_list) in a process of its own for the same reason

@@ -19,6 +19,7 @@ SEEDS = (1, 2, 3, 4)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_default_profiler_window_is_not_a_leak_in_20_of_20_runs(tmp_path: Path):
     todo = [[f"{m}:healthy_profiled:{s}"] for m in MODELS for s in SEEDS]
     assert len(todo) == 20
