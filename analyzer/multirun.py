@@ -53,9 +53,9 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
         raise RunDirError("no run directory given")
     # A glob over a sweep's folder catches the odd non-run directory (logs/, a checkpoint
     # folder): it is left out with a warning, not allowed to abort the query over the rest.
-    skipped = [f"{p}: not a run directory (no run.json)" for p in paths
-               if Path(p).is_dir() and not (Path(p) / "run.json").exists()]
-    paths = [p for p in paths if not (Path(p).is_dir() and not (Path(p) / "run.json").exists())]
+    not_runs = {p for p in paths if Path(p).is_dir() and not (Path(p) / "run.json").exists()}
+    skipped = [f"{p}: not a run directory (no run.json)" for p in paths if p in not_runs]
+    paths = [p for p in paths if p not in not_runs]
     if not paths:
         raise RunDirError("none of the directories given is a run (no run.json in any)")
     seen: dict[Path, str] = {}

@@ -47,8 +47,11 @@ def coverage(ctx: Context) -> dict[str, Any] | None:
         out: dict[str, Any] = {s: _names(d.get(s)) for s in STATES}
         for key in ("counts", "numel"):
             raw = d.get(key) if isinstance(d.get(key), dict) else {}
-            out[key] = {s: int(raw[s]) if isinstance(raw.get(s), int) else len(out[s])
-                        if key == "counts" else 0 for s in STATES}
+            for s in STATES:
+                # (a missing count is the listed names' number; a missing numel unknown: 0)
+                fallback = len(out[s]) if key == "counts" else 0
+                out.setdefault(key, {})[s] = raw[s] if isinstance(raw.get(s), int) \
+                    else fallback
         out["parameters"] = d.get("parameters") if isinstance(d.get("parameters"), int) \
             else None
         out["optimizer_known"] = d.get("optimizer_known") is True

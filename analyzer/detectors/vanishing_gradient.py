@@ -90,8 +90,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     # of where it started; BERT's key weights start tiny and grow: they learn)
     with np.errstate(all="ignore"):
         med_all = _stats.nanmedian(np.where(np.isfinite(g), g, np.nan), axis=0)
-        late = g[:, int(nb * (1 - float(th["window_frac"]))):] - med_all[
-            int(nb * (1 - float(th["window_frac"]))):]
+        late = g[:, start:] - med_all[start:]
         late_rel = _stats.nanmedian(np.where(np.isfinite(late), late, np.nan), axis=1)
     tiny = {names[i] for i in range(len(names))
             if not np.isfinite(early_rel[i]) or (
