@@ -65,13 +65,18 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
     grows by about ``slope`` every step, as malloc'd bytes do under a tensor leak). None
     when the rise is not steady at that resolution (RSS grows in allocator-sized jumps):
     the window-floor estimate stands then. Isolated jumps before the leak (a flush's
-    buffers) are single increments and do not start it."""
+    buffers) are single increments and do not start it. A pause once the counter has left
+    its starting level (a few slow steps whose samples repeat, an allocator trim) is an
+    interruption of the leak, not a new start: only pauses at the starting level (within
+    a tenth of the whole rise) can come before the leak."""
     if slope <= 0 or len(val) < 3 * window:
         return None
     d = np.diff(val) * (1.0 / np.maximum(np.diff(step), 1))
     rising = (d > slope / 2).astype(np.float64)
     frac = np.convolve(rising, np.ones(window) / window, mode="valid")  # forward windows
-    low = np.flatnonzero(frac < 0.5)
+    base = float(np.median(val[:window]))
+    near = val[:len(frac)] <= base + 0.1 * max(float(val[-1]) - base, 0.0)
+    low = np.flatnonzero((frac < 0.5) & near)
     i = int(low[-1]) + 1 if len(low) else 0
     if i >= len(frac) - window:
         return None

@@ -64,6 +64,30 @@ def test_memory_leak_negative_sawtooth_and_plateau(tmp_path):
     assert found(run, "memory_leak") == []
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_heap_leak_onset_survives_a_pause_after_it_began(tmp_path, seed):
+    # malloc'd bytes: flat with small noise, +slope per step from `onset`, then a few steps
+    # whose samples repeat (slow steps) or dip (an allocator trim) well after the leak began:
+    # the leak began at `onset`, not after the pause (a CI run dated bert's leak at 257)
+    rng = np.random.default_rng(seed)
+    onset = int(rng.integers(40, 160))
+    slope = float(rng.uniform(16e3, 256e3))
+    pause = int(rng.integers(onset + 40, 270))
+    dip = bool(seed % 2)
+
+    def heap(s):
+        v = 1.6e8 + np.maximum(s - onset, 0) * slope + rng.normal(0, 300, len(s))
+        frozen = (s >= pause) & (s < pause + 5)
+        v[frozen] = v[pause - 1] - (2 * slope if dip else 0.0)
+        v[s >= pause + 5] -= 5 * slope  # the pause's increments never came back
+        return v
+
+    run = make_run(tmp_path, steps=300, heap=heap)
+    (f,) = found(run, "memory_leak")
+    assert f["subject"] == "heap_bytes"
+    assert abs(f["first_step"] - onset) <= 2, (onset, pause, f["first_step"])
+
+
 def test_memory_leak_threshold_override(tmp_path):
     run = make_run(tmp_path, steps=400, rss=lambda s: 1.5e9 + s * 2**20)
     assert found(run, "memory_leak")
