@@ -30,6 +30,7 @@ from . import shards
 from .errors import RunDirError, SchemaVersionError
 from .errors import one_line as _one_line
 from .footers import validate
+from .held import HELD_TRACE_ROWS, HOLD_PARTS, held, hold_parts
 from .live import RELISTS, RetryingConnection, built_despite_merges
 from .rank_groups import MANY_RANKS
 from .raw_traces import load_raw_traces
@@ -304,26 +305,6 @@ def new_connection(allowed: Iterable[str | Path], *, allow_files: bool = False) 
 
 
 _HELD = ("steps", "memory")
-HELD_ROWS = 5_000_000
-HOLD_PARTS = 256
-"""A table of more parts than this (a run left uncompacted) is read once into memory when it
-has at most HELD_ROWS rows: a compacted run has one part per rank and table."""
-HELD_TRACE_ROWS = 2_000_000
-"""Trace events of many ranks are held in memory up to this many (~100 bytes each)."""
-
-
-def _held(con: Any, sql: str, name: str, limit: int = HELD_ROWS, rows: int | None = None
-          ) -> str:
-    """``sql`` read once into a temporary table when it has at most HELD_ROWS rows: with many
-    ranks or many parts every query over the files pays for opening each of them again
-    (0.07 s a query at 1,024 ranks; 0.17 s at 4,000 parts), and these tables are queried
-    dozens of times. ``rows``: the count, when the footers gave it."""
-    if rows is None:
-        (rows,) = execute_one(con, f"SELECT count(*) FROM ({sql})").fetchone()
-    if rows > limit:
-        return sql
-    execute_one(con, f"CREATE TEMP TABLE {name} AS {sql}")
-    return f"SELECT * FROM {name}"
 
 
 def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
@@ -336,15 +317,23 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
     try:
         if schema:
             con.execute(f"CREATE SCHEMA {schema}")
+        sqls: dict[str, str] = {}
+        jobs = []
         for table in TABLE_NAMES:
             if table == "trace_events":
                 continue
-            sql = _view_sql(table, valid[table])
+            sql = sqls[table] = _view_sql(table, valid[table])
+            name = f"_held_{schema or 'main'}_{table}"
             if len(valid[table]) > HOLD_PARTS:  # an uncompacted run: read the parts once
-                sql = _held(con, sql, f"_held_{schema or 'main'}_{table}",
-                            rows=sum(run.part_rows.get(p, 0) for p, _ in valid[table]))
+                jobs.append((table, name, sql, sum(run.part_rows.get(p, 0)
+                                                   for p, _ in valid[table])))
             elif table in _HELD and len(run.ranks) > MANY_RANKS:
-                sql = _held(con, sql, f"_held_{schema or 'main'}_{table}")
+                sqls[table] = held(con, sql, name)
+        read = hold_parts(con, [(name, sql, rows, len(valid[table]))
+                                for table, name, sql, rows in jobs])
+        for table, name, _, _ in jobs:
+            sqls[table] = read[name]
+        for table, sql in sqls.items():
             execute_one(con, f"CREATE VIEW {q}{table} AS {sql}")
         if shards.is_sharded(run.meta):
             shards.combine(con, q)
@@ -355,7 +344,7 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
                          "WHERE kind = 'grad'")
         tsql = _view_sql("trace_events", valid["trace_events"])
         if len(run.ranks) > MANY_RANKS:
-            tsql = _held(con, tsql, f"_held_{schema or 'main'}_trace_events", HELD_TRACE_ROWS)
+            tsql = held(con, tsql, f"_held_{schema or 'main'}_trace_events", HELD_TRACE_ROWS)
         execute_one(con, f"CREATE VIEW {q}trace_events AS {tsql}")
         raw = load_raw_traces(run, con, q)
         if raw is not None and raw.num_rows:

@@ -22,7 +22,26 @@ class Vanished(Exception):
     """A listed part is gone: the writer merged it (a live run)."""
 
 
-def _footer(f: Path) -> tuple[Any, int] | str:
+class _Schemas:
+    """Arrow schemas of Parquet schemas, converted once per distinct schema: the conversion
+    is half the cost of reading a footer (35 of 70 µs), and the parts of one run nearly
+    always share one schema (compared with the last one seen first). The Arrow schema also
+    depends on the footer's stored ``ARROW:schema`` (dictionary columns): compared too."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, bytes | None, Any]] = []
+
+    def arrow(self, md: Any) -> Any:
+        pq_schema, kv = md.schema, (md.metadata or {}).get(b"ARROW:schema")
+        for known, known_kv, arrow in reversed(self.seen):
+            if kv == known_kv and pq_schema.equals(known):
+                return arrow
+        arrow = pq_schema.to_arrow_schema()
+        self.seen.append((pq_schema, kv, arrow))
+        return arrow
+
+
+def _footer(f: Path, schemas: _Schemas) -> tuple[Any, int] | str:
     """(arrow schema, rows) of ``f``, or why it is not data; Vanished if it is gone."""
     import pyarrow as pa
     import pyarrow._parquet as _pq
@@ -32,7 +51,7 @@ def _footer(f: Path) -> tuple[Any, int] | str:
             reader = _pq.ParquetReader()
             reader.open(fh)
             md = reader.metadata
-        return md.schema.to_arrow_schema(), md.num_rows
+        return schemas.arrow(md), md.num_rows
     except FileNotFoundError:
         raise Vanished(str(f)) from None
     except Exception as e:  # any unreadable footer means: not usable data
@@ -48,9 +67,10 @@ def validate(files: list[Path], skipped: list[tuple[Path, str]], table: str | No
     merge of a live run): None, to list again, or with ``relist=False`` it is left out."""
     want = dict(TABLES[table]) if table else {}
     footers: list[tuple[Any, int] | str | None] = []
+    schemas = _Schemas()
     for f in files:
         try:
-            footers.append(_footer(f))
+            footers.append(_footer(f, schemas))
         except Vanished:
             if relist:
                 return None

@@ -43,11 +43,11 @@ def test_a_part_that_vanishes_while_listing_is_listed_again(tmp_path: Path,
     real = footers._footer
     calls = {"n": 0}
 
-    def footer(path):  # the merge lands right after the first footer read
+    def footer(path, *args):  # the merge lands right after the first footer read
         calls["n"] += 1
         if calls["n"] == 2:
             _merge_all(run)
-        return real(path)
+        return real(path, *args)
 
     monkeypatch.setattr(footers, "_footer", footer)
     run_obj, valid = catalog.scan_run(run)

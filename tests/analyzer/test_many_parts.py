@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracealyze.analyzer import catalog
 from tracealyze.analyzer.catalog import open_run
+from tracealyze.analyzer.held import HOLD_PARTS
 from tracealyze.analyzer.summary import build_summary
 
 from tests.runfactory import make_run
@@ -14,15 +14,16 @@ from tests.runfactory import make_run
 
 def test_an_uncompacted_run_reads_as_its_compacted_twin(tmp_path: Path) -> None:
     kw = dict(steps=600, tensors=3, metrics={"acc": 0.5}, grad_norm="default", seed=3)
-    many = make_run(tmp_path, name="many", parts=catalog.HOLD_PARTS + 44, **kw)
+    many = make_run(tmp_path, name="many", parts=HOLD_PARTS + 44, **kw)
     one = make_run(tmp_path, name="one", parts=1, **kw)
-    assert len(list((many / "steps" / "rank=0").iterdir())) > catalog.HOLD_PARTS
+    assert len(list((many / "steps" / "rank=0").iterdir())) > HOLD_PARTS
     sqls = ["SELECT count(*), sum(step), sum(loss) FROM steps",
             "SELECT name, kind, count(*), sum(norm) FROM tensor_stats GROUP BY ALL ORDER BY ALL",
             "SELECT count(*), sum(value) FROM metrics",
             "SELECT count(*), max(rss_bytes) FROM memory"]
     with open_run(many) as a, open_run(one) as b:
-        held = a.con.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone()
+        held = a.con.execute("SELECT count(*) FROM duckdb_tables() "
+                             "WHERE table_name LIKE '\\_held\\_%' ESCAPE '\\'").fetchone()
         assert held[0] >= 3  # steps, tensor_stats, metrics, memory read once
         for sql in sqls:
             assert a.query(sql)[1] == b.query(sql)[1], sql
