@@ -1,4 +1,36 @@
 """tracealyze.analyzer: reads run directories with DuckDB and says what went wrong.
 
 Never imports torch (start-up must stay fast and the analyzer runs where torch is absent).
+The library the CLI is a thin layer over::
+
+    from tracealyze.analyzer import open_run, build_summary, write_report
+    summary = build_summary("runs/exp1")          # the findings, as `summary --json` gives them
+    write_report("runs/exp1")                     # runs/exp1/report.html
+
+The map of the sub-packages is in CONTRIBUTING.md.
 """
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "open_run": ".run.catalog",
+    "analyze": ".diagnosis.summary",
+    "build_summary": ".diagnosis.summary",
+    "write_report": ".report.page",
+    "compare_runs": ".compare.runs",
+    "import_traces": ".ingest.importer",
+    "open_runs": ".run.multirun",
+}
+"""Public name -> the module that defines it, imported on first use: importing a package
+never pulls in more than it needs (the CLI's start-up stays fast)."""
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -84,7 +84,7 @@ def tables(run_dir: Path) -> None:
     Example:
       tracealyze tables runs/exp1
     """
-    from .catalog import open_run
+    from .run.catalog import open_run
 
     with open_run(run_dir) as run:
         listing = run.tables()
@@ -160,9 +160,9 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> 
           FROM steps GROUP BY run_id ORDER BY 3"
     """
     if len(run_dirs) == 1:
-        from .catalog import open_run as opener
+        from .run.catalog import open_run as opener
     else:
-        from .multirun import open_runs as opener  # type: ignore[assignment]
+        from .run.multirun import open_runs as opener  # type: ignore[assignment]
 
     with opener(run_dirs[0] if len(run_dirs) == 1 else run_dirs,
                 allow_files=allow_files) as runs:
@@ -209,7 +209,7 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
       tracealyze summary runs/exp1
       tracealyze summary runs/exp1 --json --fail-on error --set loss_spike.z=10
     """
-    from .summary import build_summary, fails, render_text
+    from .diagnosis.summary import build_summary, fails, render_text
 
     result = build_summary(run_dir, list(overrides), config_file=config_file)
     if as_json:
@@ -238,12 +238,12 @@ def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
     Example:
       tracealyze report runs/exp1 -o exp1.html
     """
-    from .report import write_report
+    from .report.page import write_report
 
     kwargs: dict[str, Any] = {"overrides": list(overrides) or None}
     if config_file is not None:
-        from . import config
-        from .detectors.base import discover
+        from .diagnosis import thresholds as config
+        from .diagnosis.detectors.base import discover
 
         # resolve the file here so the report gets one merged set of thresholds
         kwargs["overrides"] = config.resolve(discover()[0], list(overrides), config_file)
@@ -280,8 +280,8 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
       tracealyze import-trace prof/ runs/exp1        # every rank's trace in prof/
     """
     try:
-        from .trace_import import import_traces
-        from .trace_stream import Limits
+        from .ingest.importer import import_traces
+        from .ingest.stream import Limits
     except ImportError as e:
         raise BadInput(f"trace import is not available in this installation ({e})") from e
     if max_ratio < 0:
@@ -373,10 +373,10 @@ def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
     """
     import json as json_
 
-    from . import compare as cmp
+    from .compare import runs as cmp
 
     if out is not None:
-        from .compare_report import write_compare_report
+        from .compare.page import write_compare_report
 
         path, result = write_compare_report(base, new, out, threshold=threshold)
         click.echo(f"wrote {path}", err=True)

@@ -100,7 +100,7 @@ def write_run(run_dir: Path, steps: int, tensors: int, seed: int = 0) -> int:
 
 
 def time_summary(run_dir: Path, repeats: int) -> list[float]:
-    from tracealyze.analyzer.summary import build_summary
+    from tracealyze.analyzer.diagnosis.summary import build_summary
 
     times = []
     for _ in range(repeats):

@@ -50,8 +50,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp "
                     "dir, removed afterwards)")
     args = ap.parse_args()
-    from tracealyze.analyzer.compare import compare_runs
-    from tracealyze.analyzer.compare_report import write_compare_report
+    from tracealyze.analyzer.compare.page import write_compare_report
+    from tracealyze.analyzer.compare.runs import compare_runs
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="tracealyze-compare-"))
     try:

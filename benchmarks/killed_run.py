@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--fanouts", default="16,0", help="compaction fanouts; 0 = none")
     ap.add_argument("--dir", type=Path, default=None)
     args = ap.parse_args()
-    from tracealyze.analyzer.summary import build_summary
+    from tracealyze.analyzer.diagnosis.summary import build_summary
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="tracealyze-killed-"))
     for fanout in (int(f) for f in args.fanouts.split(",")):

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from analyzer_scale import write_run
-from tracealyze.analyzer.report import write_report
+from tracealyze.analyzer.report.page import write_report
 
 DATA_RE = re.compile(rb'<script type="application/json" id="tz-data">(.*?)</script>', re.S)
 

@@ -6,7 +6,7 @@ For every trace (default: the real traces in tests/data/traces, plus a synthetic
 ``--synthetic`` events made by tiling the 68,692-event A100 trace with shifted times and step
 numbers, written gzip'd without ever holding it), each in a fresh process:
 
-* ours: ``tracealyze.analyzer.trace_stream.ingest`` (what ``import-trace`` runs per trace:
+* ours: ``tracealyze.analyzer.ingest.stream.ingest`` (what ``import-trace`` runs per trace:
   parse, steps, time order, Parquet);
 * HTA: ``TraceAnalysis(trace_dir=...)`` of the same file (parse into its DataFrames), when
   HolisticTraceAnalysis is installed (``pip install HolisticTraceAnalysis``);
@@ -47,7 +47,7 @@ _OURS = _HWM + """
 import sys, time
 t = time.perf_counter()
 from pathlib import Path
-from tracealyze.analyzer.trace_stream import ingest
+from tracealyze.analyzer.ingest.stream import ingest
 info = ingest(Path(sys.argv[1]), Path(sys.argv[2]))
 print(time.perf_counter() - t, hwm(), info.events)
 """

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tracealyze.analyzer.schema import SCHEMA_VERSION, TABLES, arrow_schema
+from tracealyze.analyzer.sql.schema import SCHEMA_VERSION, TABLES, arrow_schema
 
 Series = None | float | int | Sequence[float] | np.ndarray | Callable[[np.ndarray], Any]
 

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.cli import main
-from tracealyze.analyzer.schema import TABLE_NAMES, columns
-from tracealyze.analyzer.summary import build_summary
+from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.run.catalog import open_run
+from tracealyze.analyzer.sql.schema import TABLE_NAMES, columns
 
 from tests.analyzer.cli_helpers import bad
 from tests.runfactory import listing, make_run, truncate_part, write_part, write_run_json
@@ -136,7 +136,7 @@ def test_summary_text_is_readable(tmp_path, runner):
 
 
 def test_detector_exception_becomes_a_visible_error(run, monkeypatch):
-    from tracealyze.analyzer.detectors import loss_spike
+    from tracealyze.analyzer.diagnosis.detectors import loss_spike
 
     def boom(ctx, th):
         raise ZeroDivisionError("synthetic")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tracealyze.analyzer.catalog import open_run
-from tracealyze.analyzer.findings import severity_rank
-from tracealyze.analyzer.summary import build_summary
+from tracealyze.analyzer.diagnosis.findings import severity_rank
+from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.run.catalog import open_run
 
 from tests.runfactory import make_run, truncate_part, write_part
 

@@ -11,8 +11,8 @@ import pytest
 from cli_helpers import bad
 from click.testing import CliRunner
 from tracealyze.analyzer.cli import main
-from tracealyze.analyzer.compare import compare_runs
-from tracealyze.analyzer.compare_stats import mann_whitney_p, shifted
+from tracealyze.analyzer.compare.runs import compare_runs
+from tracealyze.analyzer.compare.stats import mann_whitney_p, shifted
 
 from tests.runfactory import make_run
 
@@ -128,7 +128,7 @@ def test_loss_is_compared_up_to_the_first_nan(tmp_path: Path) -> None:
 
 
 def test_a_finding_whose_subject_moved_is_not_both_new_and_resolved(tmp_path: Path) -> None:
-    from tracealyze.analyzer.compare import findings_diff
+    from tracealyze.analyzer.compare.runs import findings_diff
 
     base = [{"id": "gradient_explosion", "severity": "error", "subject": "emb.weight"}]
     new = [{"id": "gradient_explosion", "severity": "warning", "subject": "rnn.weight_hh_l0"},

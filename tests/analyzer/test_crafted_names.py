@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.cli import main
+from tracealyze.analyzer.run.catalog import open_run
 
 from tests.runfactory import make_run
 

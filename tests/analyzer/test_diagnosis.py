@@ -4,7 +4,7 @@ no alarm on normal training dynamics, the cause named and listed before its symp
 from __future__ import annotations
 
 import numpy as np
-from tracealyze.analyzer.summary import build_summary
+from tracealyze.analyzer.diagnosis.summary import build_summary
 
 from tests.runfactory import make_run
 
@@ -110,7 +110,7 @@ def test_early_stall_names_the_learning_rate(tmp_path):
 
 
 def test_nothing_measured_is_not_called_healthy(tmp_path):
-    from tracealyze.analyzer.summary import render_text
+    from tracealyze.analyzer.diagnosis.summary import render_text
 
     run = make_run(tmp_path, steps=100, loss=None, grad_norm=None, data_wait=None)
     summary = build_summary(run)
@@ -143,9 +143,9 @@ def test_divergence_right_after_a_resume_names_it(tmp_path):
 
 
 def test_loss_scale_collapse_is_a_change(tmp_path):
-    from tracealyze.analyzer.catalog import open_run
-    from tracealyze.analyzer.detectors import _changes
-    from tracealyze.analyzer.detectors.base import Context
+    from tracealyze.analyzer.diagnosis.detectors import _changes
+    from tracealyze.analyzer.diagnosis.detectors.base import Context
+    from tracealyze.analyzer.run.catalog import open_run
 
     scale = 65536.0 / 2.0 ** np.clip(S - 199, 0, 6)
     run = make_run(tmp_path, steps=300, loss_scale=scale)

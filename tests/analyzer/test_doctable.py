@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tracealyze.analyzer import doctable
-from tracealyze.analyzer.detectors import base
+from tracealyze.analyzer.diagnosis.detectors import base
+
+from tools import doctable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_findings_table_is_up_to_date(name: str) -> None:
     text = (ROOT / name).read_text()
     assert doctable.replace_table(text, doctable.findings_table()) == text, (
-        f"{name}: run `python -m tracealyze.analyzer.doctable --write`")
+        f"{name}: run `python tools/doctable.py --write`")
 
 
 def test_every_detector_documents_meaning_rule_and_fixes() -> None:

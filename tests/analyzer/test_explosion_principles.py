@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tracealyze.analyzer.summary import build_summary
+from tracealyze.analyzer.diagnosis.summary import build_summary
 
 from tests.runfactory import make_run
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracealyze.analyzer.catalog import open_run
+from tracealyze.analyzer.run.catalog import open_run
 
 from tests.runfactory import make_run
 

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.cli import main
-from tracealyze.analyzer.summary import build_summary
+from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.run.catalog import open_run
 
 from tests.analyzer.cli_helpers import bad
 from tests.runfactory import make_run, write_run_json
@@ -115,7 +115,7 @@ def test_thresholds_are_range_checked(tmp_path, runner, setting, word):
 
 
 def test_a_detector_that_fails_fails_the_gate(tmp_path, runner, monkeypatch):
-    from tracealyze.analyzer.detectors import memory_leak
+    from tracealyze.analyzer.diagnosis.detectors import memory_leak
 
     monkeypatch.setattr(memory_leak, "detect", lambda ctx, th: 1 / 0)
     run = make_run(tmp_path, steps=40)

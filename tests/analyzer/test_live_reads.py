@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tracealyze.analyzer import catalog, footers
-from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.cli import main
+from tracealyze.analyzer.run import catalog, footers
+from tracealyze.analyzer.run.catalog import open_run
 from tracealyze.format.parts import compact, rank_dir
 
 from tests.runfactory import make_run
@@ -103,7 +103,7 @@ def test_analyzer_calls_on_a_live_run_never_fail(tmp_path: Path) -> None:
 
 
 def test_a_multi_run_query_survives_a_merge_under_it(tmp_path: Path) -> None:
-    from tracealyze.analyzer.multirun import open_runs
+    from tracealyze.analyzer.run.multirun import open_runs
 
     a = make_run(tmp_path, name="a", steps=40, parts=4, status="running")
     b = make_run(tmp_path, name="b", steps=30, parts=3)

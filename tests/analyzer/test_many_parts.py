@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracealyze.analyzer.catalog import open_run
-from tracealyze.analyzer.held import HOLD_PARTS
-from tracealyze.analyzer.summary import build_summary
+from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.run.catalog import open_run
+from tracealyze.analyzer.run.held import HOLD_PARTS
 
 from tests.runfactory import make_run
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.cli import main
-from tracealyze.analyzer.multirun import open_runs
+from tracealyze.analyzer.run.catalog import open_run
+from tracealyze.analyzer.run.multirun import open_runs
 
 from tests.runfactory import make_run
 from tests.traces.trace_helpers import SAMPLED
@@ -65,7 +65,7 @@ def test_sharded_and_trace_runs_keep_their_views(tmp_path: Path) -> None:
     sharded = make_run(tmp_path, name="fsdp", steps=20, ranks=2, tensors=1,
                        grad_norm={0: 3.0, 1: 4.0}, run_meta={"model": {"sharded": True}})
     plain = make_run(tmp_path, name="plain", steps=20, grad_norm=5.0)
-    from tracealyze.analyzer.trace_import import import_traces
+    from tracealyze.analyzer.ingest.importer import import_traces
 
     traced = tmp_path / "traced"
     import_traces([SAMPLED], traced)

@@ -37,7 +37,7 @@ class GradReference:
 
 def grad_norms(run: Any) -> dict[int, dict[str, float]]:
     """The recorded per-parameter gradient norms: {step: {name: norm}}."""
-    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.run.catalog import open_run
 
     out: dict[int, dict[str, float]] = {}
     with open_run(run) as r:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from rec_helpers import FAST
 from torch import nn
-from tracealyze.analyzer.compare import compare_runs
+from tracealyze.analyzer.compare.runs import compare_runs
 from tracealyze.recorder import Recorder
 
 

@@ -32,7 +32,7 @@ def test_fsdp2_shards_combine_into_the_true_gradient_norms(tmp_path: Path) -> No
     meta = run_json(run)
     assert meta["model"]["sharded"] is True and meta["world_size"] == 2
     recorded = grad_norms(run)
-    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.run.catalog import open_run
 
     with open_run(run) as r:
         totals = dict(r.con.execute("SELECT step, grad_norm FROM steps").fetchall())

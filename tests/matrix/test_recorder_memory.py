@@ -37,7 +37,7 @@ def test_default_profiler_window_is_not_a_leak_in_20_of_20_runs(tmp_path: Path):
 
 
 def test_discount_removes_the_profilers_step_and_keeps_a_leak():
-    from tracealyze.analyzer.detectors.memory_leak import discount
+    from tracealyze.analyzer.diagnosis.detectors.memory_leak import discount
 
     step = np.arange(300)
     flat = np.full(300, 100e6) + np.where(step >= 50, 20e6, 0.0)  # the window kept 20 MB

@@ -63,7 +63,7 @@ def test_killed_mid_merge_counts_rows_once(tmp_path: Path) -> None:
     kept, covered = top_level(folder)
     assert len(kept) == 1 and len(covered) == 20
     assert _steps_in(folder) == list(range(20))
-    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.run.catalog import open_run
     from tracealyze.format.parts import write_json_atomic
     from tracealyze.format.runmeta import new_run_meta
 

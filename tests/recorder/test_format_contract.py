@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from rec_helpers import DESIGN_MINIMUM, REPO, batches, loss_fn, part_files, tiny_model
-from tracealyze.analyzer import schema as analyzer_schema
+from tracealyze.analyzer.sql import schema as analyzer_schema
 from tracealyze.recorder import Recorder
 from tracealyze.recorder import schema as recorder_schema
 
@@ -99,7 +99,7 @@ def test_format_md_matches_recorder_schema() -> None:
 
 
 def test_recorded_run_opens_in_the_analyzer(tmp_path: Path) -> None:
-    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.run.catalog import open_run
 
     run_dir = tmp_path / "run"
     model = tiny_model()

@@ -118,7 +118,7 @@ def test_spark_read_parquet(run: Path, spark) -> None:
 
 
 def test_analyzer_reads_the_folders_rank(run: Path) -> None:
-    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.run.catalog import open_run
 
     with open_run(run) as r:
         assert r.ranks == [0, 1]
@@ -128,8 +128,8 @@ def test_analyzer_reads_the_folders_rank(run: Path) -> None:
 
 def test_schema_version_1_run_is_still_read(tmp_path: Path) -> None:
     """A version-1 run (rank inside the files too) opens and analyses as before."""
-    from tracealyze.analyzer.catalog import open_run
-    from tracealyze.analyzer.summary import build_summary
+    from tracealyze.analyzer.diagnosis.summary import build_summary
+    from tracealyze.analyzer.run.catalog import open_run
 
     v1 = REPO / "tests" / "data" / "v1_run"
     with open_run(v1) as r:
@@ -148,7 +148,7 @@ SAMPLE_TABLES = [(s, t) for s in SAMPLES
 
 
 def _analyzer_counts(sample: Path, table: str) -> dict[int, int]:
-    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.run.catalog import open_run
 
     with open_run(sample) as r:
         # the files themselves (the view adds raw traces, and shards are combined)

@@ -29,7 +29,7 @@ from rec_helpers import (
     tiny_model,
     write_script,
 )
-from tracealyze.analyzer.catalog import open_run
+from tracealyze.analyzer.run.catalog import open_run
 from tracealyze.recorder import Recorder
 from tracealyze.recorder.writer import merge_parts
 

@@ -127,7 +127,7 @@ def test_run_dir_deleted_mid_run_is_recreated(run_dir: Path) -> None:
     assert ev["severity"] == "error" and "deleted" in ev["message"]
     assert json.loads(ev["details"])["lost_parts"] >= 1
     assert run_json(run_dir)["counters"]["dropped"]["run_dir_deleted"] == 1
-    from tracealyze.analyzer.summary import build_summary
+    from tracealyze.analyzer.diagnosis.summary import build_summary
 
     (f,) = [f for f in build_summary(run_dir)["findings"] if f["id"] == "dropped_data"]
     assert f["severity"] == "error" and "deleted" in f["message"]

@@ -103,7 +103,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def reports(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """name -> report written to a separate folder (the run dirs stay untouched)."""
-    from tracealyze.analyzer.report import write_report
+    from tracealyze.analyzer.report.page import write_report
 
     out = tmp_path_factory.mktemp("reports")
     return {name: write_report(rd, out / f"{name}.html", progress=False)

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tracealyze.analyzer.report import write_report  # noqa: E402
+from tracealyze.analyzer.report.page import write_report  # noqa: E402
 
 from tests.report.test_browser import LAUNCH_ARGS, _chromium  # noqa: E402
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tracealyze.analyzer import anchors
+from tracealyze.analyzer.diagnosis import anchors
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _chart_values_in_detectors() -> set[str]:
     found = set()
-    for f in (REPO / "analyzer" / "detectors").glob("*.py"):
+    for f in (REPO / "analyzer" / "diagnosis" / "detectors").glob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.keyword) and node.arg == "chart":
                 v = node.value
@@ -35,8 +35,7 @@ def test_every_finding_links_to_a_known_anchor() -> None:
 
 
 def test_every_anchor_is_drawn_by_some_chart_builder() -> None:
-    source = "".join(p.read_text() for p in (REPO / "analyzer").glob("*.py")
-                     if p.name.startswith(("charts", "report")))
+    source = "".join(p.read_text() for p in (REPO / "analyzer" / "report").rglob("*.py"))
     for name in dir(anchors):
         value = getattr(anchors, name)
         if name.isupper() and isinstance(value, str):
@@ -44,8 +43,8 @@ def test_every_anchor_is_drawn_by_some_chart_builder() -> None:
 
 
 def test_debug_run_draws_activation_and_update_ratio_charts(tmp_path: Path) -> None:
-    from tracealyze.analyzer.catalog import open_run
-    from tracealyze.analyzer.report import collect
+    from tracealyze.analyzer.report.page import collect
+    from tracealyze.analyzer.run.catalog import open_run
     from tracealyze.recorder import Recorder
 
     torch.manual_seed(0)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from tracealyze.analyzer.cli import main
-from tracealyze.analyzer.compare_report import write_compare_report
-from tracealyze.analyzer.trace_import import import_traces
+from tracealyze.analyzer.compare.page import write_compare_report
+from tracealyze.analyzer.ingest.importer import import_traces
 
 from tests.report.test_browser import ARTIFACTS, _open, browser  # noqa: F401 (fixture)
 from tests.runfactory import make_run

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tracealyze.analyzer.figures import log_axis
+from tracealyze.analyzer.report.figures import log_axis
 
 
 def test_ticks_are_full_numbers_in_a_1_2_5_series():

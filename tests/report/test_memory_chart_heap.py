@@ -4,7 +4,7 @@ heap line it is about, labelled so (it was labelled RSS and drawn far below the 
 from __future__ import annotations
 
 import numpy as np
-from tracealyze.analyzer.report import write_report
+from tracealyze.analyzer.report.page import write_report
 
 from tests.report.test_report import chart, page
 from tests.runfactory import make_run

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tracealyze.analyzer.catalog import open_run
-from tracealyze.analyzer.report import write_report
-from tracealyze.analyzer.trace_import import import_traces
-from tracealyze.analyzer.trace_memory import memory_timeline, top_allocating_ops
+from tracealyze.analyzer.gpu.memory import memory_timeline, top_allocating_ops
+from tracealyze.analyzer.ingest.importer import import_traces
+from tracealyze.analyzer.report.page import write_report
+from tracealyze.analyzer.run.catalog import open_run
 
 from tests.report.test_report import chart, data_of, page
 from tests.runfactory import make_run

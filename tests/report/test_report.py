@@ -13,9 +13,9 @@ from typing import Any
 import markupsafe
 import pytest
 from click.testing import CliRunner
+from tracealyze.analyzer.diagnosis.findings import SEVERITIES
 from tracealyze.analyzer.errors import ReportError, RunDirError
-from tracealyze.analyzer.findings import SEVERITIES
-from tracealyze.analyzer.report import MAX_DATA_BYTES, Progress, script_json, write_report
+from tracealyze.analyzer.report.page import MAX_DATA_BYTES, Progress, script_json, write_report
 
 from tests.report.conftest import HOSTILE, NAN_FROM, SLOW_STEPS, SPIKE_STEP
 from tests.runfactory import listing, make_run
@@ -56,7 +56,7 @@ def test_healthy_run_says_so_plainly(reports: dict[str, Path]) -> None:
 
 def test_findings_come_first_ranked_with_advice_and_chart_links(
         runs: dict[str, Path], reports: dict[str, Path]) -> None:
-    from tracealyze.analyzer.summary import build_summary
+    from tracealyze.analyzer.diagnosis.summary import build_summary
 
     text = page(reports["sick"])
     assert "Healthy run" not in text
@@ -312,7 +312,7 @@ def test_heatmap_stays_bounded_for_big_models(tmp_path: Path) -> None:
 
 
 def test_report_says_what_could_not_be_checked(tmp_path: Path) -> None:
-    from tracealyze.analyzer.report import write_report
+    from tracealyze.analyzer.report.page import write_report
 
     from tests.runfactory import make_run
 
@@ -327,8 +327,8 @@ def test_step_time_caption_counts_the_findings_outliers(tmp_path: Path) -> None:
     """The chart and the finding use one rule: their counts agree (they used to say 27 and
     17 of the same run: warm-up and the recorder's own statistics steps counted in one)."""
     import numpy as np
-    from tracealyze.analyzer.report import write_report
-    from tracealyze.analyzer.summary import build_summary
+    from tracealyze.analyzer.diagnosis.summary import build_summary
+    from tracealyze.analyzer.report.page import write_report
 
     from tests.runfactory import make_run
 
@@ -347,7 +347,7 @@ def test_loss_axis_scale_follows_the_data(tmp_path: Path) -> None:
     """An exploding loss opens on a log axis (on a linear one it is a flat line, then a
     wall); an ordinary one stays linear."""
     import numpy as np
-    from tracealyze.analyzer.report import write_report
+    from tracealyze.analyzer.report.page import write_report
 
     from tests.runfactory import make_run
 

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tracealyze.analyzer.catalog import open_run
-from tracealyze.analyzer.findings import severity_rank
-from tracealyze.analyzer.summary import build_summary
+from tracealyze.analyzer.diagnosis.findings import severity_rank
+from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.run.catalog import open_run
 
 # Findings that are measurements of wall-clock time. A shared, overloaded machine (other
 # processes saturating the CPUs) really does stall a tiny training loop, and these detectors

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tracealyze.analyzer.catalog import open_run
+from tracealyze.analyzer.run.catalog import open_run
 
 from tests.scenarios import checks
 from tests.scenarios import scenarios as S

@@ -11,7 +11,7 @@ from tests.scenarios import scenarios as S
 
 
 def strided_steps(run: Path) -> tuple[int, int]:
-    from tracealyze.analyzer.catalog import open_run
+    from tracealyze.analyzer.run.catalog import open_run
 
     with open_run(run) as r:
         n, with_norm = r.con.execute(

@@ -101,3 +101,45 @@ def test_format_imports_neither_torch_nor_duckdb() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == ""
+
+
+# The analyzer's layers, lowest first: a module may import its own layer and the layers
+# below it, never one above (a path says what the code is, and no arrow runs back up).
+ANALYZER_LAYERS = ["errors", "units", "sql", "stats", "ingest", "run", "gpu", "diagnosis",
+                   "report", "compare", "record", "cli"]
+"""``units`` and ``errors`` are shared by all; ``sql`` is how every query is made safe;
+``stats`` holds the robust statistics and the step-time outlier rule that detectors, charts
+and ``compare`` share;
+``ingest`` turns profiler JSON into ``trace_events``; ``run`` opens run directories (raw traces
+in them through ``ingest``); ``gpu`` analyses traces; ``diagnosis`` runs the detectors;
+``report`` draws a run, ``compare`` two; ``record`` and ``cli`` are the commands."""
+ANALYZER_TOP = {"__init__", "cli", "record", "errors", "units"}
+
+
+def _layer(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tracealyze", "analyzer"] else None
+
+
+def test_analyzer_top_level_holds_only_its_edges() -> None:
+    top = {f.stem for f in (REPO / "analyzer").glob("*.py")}
+    assert top <= ANALYZER_TOP, f"modules at analyzer/'s top level: {sorted(top - ANALYZER_TOP)}"
+    subs = {d.name for d in (REPO / "analyzer").iterdir()
+            if d.is_dir() and (d / "__init__.py").exists()}
+    assert subs | (top - {"__init__"}) == set(ANALYZER_LAYERS), sorted(subs)
+
+
+def test_analyzer_imports_point_only_downward() -> None:
+    mods = modules()
+    known = set(mods)
+    rank = {name: i for i, name in enumerate(ANALYZER_LAYERS)}
+    bad = []
+    for m, p in mods.items():
+        src = _layer(m)
+        if src is None:
+            continue
+        for t in imports_of(m, p, known):
+            dst = _layer(t)
+            if dst is not None and rank[dst] > rank[src]:
+                bad.append(f"{m} -> {t}")
+    assert not bad, "imports that point up a layer:\n" + "\n".join(sorted(bad))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from trace_helpers import ITEMS_PER_STEP, SAMPLED, with_items
-from tracealyze.analyzer.compare import compare_runs, render_text
-from tracealyze.analyzer.trace_import import import_traces
+from tracealyze.analyzer.compare.runs import compare_runs, render_text
+from tracealyze.analyzer.ingest.importer import import_traces
 
 
 @pytest.fixture(scope="module")

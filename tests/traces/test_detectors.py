@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from trace_helpers import ALEXNET, CPU_ONLY, NCCL_NS, ROCM, SAMPLED, X, ctx_over, table_of
-from tracealyze.analyzer.detectors import gpu_idle, host_sync, top_ops
-from tracealyze.analyzer.findings import FINDING_IDS
-from tracealyze.analyzer.traces import TRACE_EVENTS_SCHEMA, read_trace
+from tracealyze.analyzer.diagnosis.detectors import gpu_idle, host_sync, top_ops
+from tracealyze.analyzer.diagnosis.findings import FINDING_IDS
+from tracealyze.analyzer.ingest.read import TRACE_EVENTS_SCHEMA, read_trace
 
 DETECTORS = (gpu_idle, host_sync, top_ops)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import duckdb
 import pytest
 from trace_helpers import ALEXNET, CPU_ONLY, GPU_TRACES, X, con_over, table_of
-from tracealyze.analyzer.gputime import gpu_time_breakdown, gpu_time_by_step, kernel_breakdown
-from tracealyze.analyzer.traces import read_trace
+from tracealyze.analyzer.gpu.gputime import gpu_time_breakdown, gpu_time_by_step, kernel_breakdown
+from tracealyze.analyzer.ingest.read import read_trace
 
 KEYS = ("total_us", "idle_us", "compute_us", "non_compute_us")
 _ids = [p.name for p in GPU_TRACES]

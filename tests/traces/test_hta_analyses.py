@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from trace_helpers import CPU_ONLY, DATA, GPU_TRACES, ROCM, SAMPLED, X, con_over, table_of
-from tracealyze.analyzer.gpu_summary import gpu_time_rows
-from tracealyze.analyzer.trace_idle import idle_breakdown
-from tracealyze.analyzer.trace_launch import launch_stats
-from tracealyze.analyzer.trace_overlap import comm_comp_overlap
-from tracealyze.analyzer.traces import read_trace
+from tracealyze.analyzer.gpu.idle import idle_breakdown
+from tracealyze.analyzer.gpu.launch import launch_stats
+from tracealyze.analyzer.gpu.overlap import comm_comp_overlap
+from tracealyze.analyzer.gpu.summary import gpu_time_rows
+from tracealyze.analyzer.ingest.read import read_trace
 
 _IDS = {"ids": lambda p: p.name}
 _LAUNCH = ("kernels", "short_kernels", "runtime_outliers", "launch_delay_outliers")

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from trace_helpers import CPU_ONLY, NCCL_NS, ROCM, SAMPLED, X, con_over, table_of
 from tracealyze.analyzer.errors import TraceError
-from tracealyze.analyzer.gputime import gpu_time_breakdown
-from tracealyze.analyzer.trace_import import import_traces
-from tracealyze.analyzer.traces import TRACE_EVENTS_SCHEMA
+from tracealyze.analyzer.gpu.gputime import gpu_time_breakdown
+from tracealyze.analyzer.ingest.importer import import_traces
+from tracealyze.analyzer.ingest.read import TRACE_EVENTS_SCHEMA
 
 
 def test_import_into_a_new_directory_makes_a_minimal_run(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_a_bad_trace_imports_nothing(tmp_path: Path) -> None:
 
 
 def test_imported_run_opens_in_the_catalog_without_double_counting(tmp_path: Path) -> None:
-    catalog = pytest.importorskip("tracealyze.analyzer.catalog")
+    catalog = pytest.importorskip("tracealyze.analyzer.run.catalog")
     run = tmp_path / "run"
     shutil.copy(NCCL_NS, tmp_path / NCCL_NS.name)
     import_traces([tmp_path / NCCL_NS.name, SAMPLED], run)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tracealyze.analyzer.catalog import open_run
 from tracealyze.analyzer.cli import main
+from tracealyze.analyzer.diagnosis.summary import build_summary
 from tracealyze.analyzer.errors import TraceError
-from tracealyze.analyzer.summary import build_summary
-from tracealyze.analyzer.trace_import import import_traces
-from tracealyze.analyzer.trace_ranks import rank_in_name, trace_files
-from tracealyze.analyzer.trace_stragglers import collective_lateness, trace_stragglers
-from tracealyze.analyzer.traces import read_trace
+from tracealyze.analyzer.gpu.stragglers import collective_lateness, trace_stragglers
+from tracealyze.analyzer.ingest.importer import import_traces
+from tracealyze.analyzer.ingest.ranks import rank_in_name, trace_files
+from tracealyze.analyzer.ingest.read import read_trace
+from tracealyze.analyzer.run.catalog import open_run
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -141,7 +141,7 @@ def test_every_rank_has_its_gpu_time_in_the_summary(assembled, tmp_path: Path) -
 
 def test_views_over_many_ranks_keep_each_rows_rank(tmp_path: Path) -> None:
     # past MANY_RANKS the views are one scan with the rank joined in by file name
-    from tracealyze.analyzer.rank_groups import MANY_RANKS
+    from tracealyze.analyzer.run.held import MANY_RANKS
 
     n = MANY_RANKS + 4
     run = make_run(tmp_path, ranks=n, steps=30,
@@ -158,7 +158,7 @@ def test_views_over_many_ranks_keep_each_rows_rank(tmp_path: Path) -> None:
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9])
 def test_median_of_others_equals_deleting_each_row(n: int) -> None:
     import numpy as np
-    from tracealyze.analyzer.detectors.straggler import median_of_others
+    from tracealyze.analyzer.diagnosis.detectors.straggler import median_of_others
 
     m = np.random.default_rng(n).normal(size=(n, 11))
     m[0, 0] = m[1, 0]  # ties

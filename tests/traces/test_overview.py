@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from trace_helpers import SAMPLED, X, con_over, table_of
-from tracealyze.analyzer.gputime import gpu_time_breakdown
-from tracealyze.analyzer.summary import build_summary
-from tracealyze.analyzer.trace_advice import recommendations
-from tracealyze.analyzer.trace_import import import_traces
-from tracealyze.analyzer.trace_overview import CATEGORIES, step_overview
-from tracealyze.analyzer.traces import read_trace
+from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.gpu.advice import recommendations
+from tracealyze.analyzer.gpu.gputime import gpu_time_breakdown
+from tracealyze.analyzer.gpu.overview import CATEGORIES, step_overview
+from tracealyze.analyzer.ingest.importer import import_traces
+from tracealyze.analyzer.ingest.read import read_trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runfactory import make_run

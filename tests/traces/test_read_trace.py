@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from trace_helpers import ALEXNET, CPU_ONLY, DATA, NCCL_NS, ROCM, SAMPLED, X, con_over, table_of
 from tracealyze.analyzer.errors import TraceError
-from tracealyze.analyzer.traces import (
+from tracealyze.analyzer.ingest.read import (
     ARGS_MAX_BYTES,
     TRACE_EVENTS_SCHEMA,
     read_trace,

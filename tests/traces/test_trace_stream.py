@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from trace_helpers import NCCL_NS, SAMPLED, table_of
-from tracealyze.analyzer import trace_stream
 from tracealyze.analyzer.cli import main
 from tracealyze.analyzer.errors import TraceError
-from tracealyze.analyzer.trace_stream import Limits
-from tracealyze.analyzer.traces import read_trace, trace_id_for
+from tracealyze.analyzer.ingest import stream as trace_stream
+from tracealyze.analyzer.ingest.read import read_trace, trace_id_for
+from tracealyze.analyzer.ingest.stream import Limits
 
 
 @pytest.mark.parametrize("trace", [SAMPLED, NCCL_NS], ids=["sampled", "nccl"])
@@ -65,7 +65,7 @@ def test_arrow_builders_match_pa_array_without_importing_pandas() -> None:
     code = """
 import sys
 import pyarrow as pa
-from tracealyze.analyzer.arrow_build import floats, ints, repeated, strings, values
+from tracealyze.analyzer.ingest.arrow_build import floats, ints, repeated, strings, values
 cases = [[1, None, 3], [], [None], [2**70, 5, None], [-(2**63), 2**63 - 1]]
 out = [ints(c).to_pylist() for c in cases]
 s = strings(["a", None, "é", "\\ud800"]).to_pylist()
@@ -84,7 +84,7 @@ print(repr((out, s, f, r, v, "pandas" in sys.modules)))
 
 
 def _no_fast_path(monkeypatch) -> None:
-    from tracealyze.analyzer import trace_chunks
+    from tracealyze.analyzer.ingest import chunks as trace_chunks
 
     def refuse(*_a, **_k):
         raise trace_chunks.Fallback("test")
@@ -113,7 +113,7 @@ def test_cuts_inside_strings_and_nested_objects_fall_back_or_parse_right(tmp_pat
     p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": tricky,
                              "deviceProperties": [{"id": 0}], "traceName": "t"}))
     monkeypatch.setattr(trace_stream, "READ_SIZE", 4096)
-    from tracealyze.analyzer import trace_chunks
+    from tracealyze.analyzer.ingest import chunks as trace_chunks
 
     monkeypatch.setattr(trace_chunks, "CHUNK", 8192)  # many cuts, most of them tricky
     t = read_trace(p)

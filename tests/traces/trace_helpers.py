@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import duckdb
 import pyarrow as pa
-from tracealyze.analyzer.traces import read_trace
+from tracealyze.analyzer.ingest.read import read_trace
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "traces"
 NCCL_NS = DATA / "gpu_nccl_1rank_ns.pt.trace.json.gz"

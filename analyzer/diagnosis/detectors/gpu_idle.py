@@ -1,0 +1,109 @@
+"""gpu_idle: the GPU sits idle for a large share of the profiled time.
+
+Uses the HTA-compatible breakdown of ``gputime`` (idle = time between the first and the last
+GPU activity of a trace when no kernel, memcpy or memset runs on any stream). One finding per
+rank whose idle share is above ``max_idle_pct``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...gpu.gputime import gpu_time_breakdown, gpu_time_by_step
+from ...run.memo import shared
+from .. import anchors
+from ..findings import Finding
+
+ID = "gpu_idle"
+RANK_KEY = "idle_pct"  # folded per rank on many-rank jobs by this (rank_groups)
+
+DEFAULTS: dict[str, Any] = {
+    "max_idle_pct": 20.0,
+    # Below this much profiled GPU time the share is too noisy to act on (a few kernels).
+    "min_total_us": 1000.0,
+    # Idle share at or above which the finding is an error rather than a warning.
+    "error_idle_pct": 60.0,
+}
+
+DOC = {
+    "meaning": "The GPU is idle (no kernel, memcpy or memset on any stream) for a large share "
+               "of the profiled time: the host cannot feed it.",
+    "rule": "Per rank, idle / (last GPU activity end − first start), Holistic Trace Analysis "
+            "definitions, above max_idle_pct (error from error_idle_pct); traces with less "
+            "than min_total_us of GPU time are ignored.",
+    "fixes": "Remove host syncs (see host_sync), use DataLoader workers and pin_memory, "
+             "larger batches, CUDA graphs or torch.compile to cut launch overhead, overlap "
+             "communication with compute.",
+}
+
+
+def _pct(part: float, total: float) -> float:
+    return round(100.0 * part / total, 2) if total > 0 else 0.0
+
+
+def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
+    cache = getattr(ctx, "cache", None)
+    rows = shared(cache, ctx.con, gpu_time_breakdown)
+    limit = float(th.get("max_idle_pct", DEFAULTS["max_idle_pct"]))
+    error_at = float(th.get("error_idle_pct", DEFAULTS["error_idle_pct"]))
+    min_total = float(th.get("min_total_us", DEFAULTS["min_total_us"]))
+    flagged = [
+        r for r in rows
+        if r["total_us"] >= min_total and _pct(r["idle_us"], r["total_us"]) > limit
+    ]
+    if not flagged:
+        return []
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for s in shared(cache, ctx.con, gpu_time_by_step):
+        by_step.setdefault(s["rank"], []).append(s)
+
+    findings = []
+    for r in flagged:
+        idle_pct = _pct(r["idle_us"], r["total_us"])
+        steps = by_step.get(r["rank"], [])
+        step_idle = [
+            {"step": int(s["step"]), "idle_pct": _pct(s["idle_us"], s["total_us"]),
+             "total_us": s["total_us"]}
+            for s in steps if s["total_us"] > 0
+        ]
+        over = [s for s in step_idle if s["idle_pct"] > limit]
+        first_step = over[0]["step"] if over else (step_idle[0]["step"] if step_idle else None)
+        evidence: dict[str, Any] = {
+            **r,
+            "idle_pct": idle_pct,
+            "compute_pct": _pct(r["compute_us"], r["total_us"]),
+            "non_compute_pct": _pct(r["non_compute_us"], r["total_us"]),
+            "threshold_pct": limit,
+        }
+        if step_idle:
+            evidence["steps"] = step_idle[:50]
+        where = (f" ({len(over)} of {len(step_idle)} profiled steps above {limit:g}%)"
+                 if step_idle else "")
+        comm = r["non_compute_us"] > r["compute_us"]
+        findings.append(
+            Finding(
+                id=ID,
+                severity="error" if idle_pct >= error_at else "warning",
+                title=f"GPU idle {idle_pct:.0f}% of profiled time on rank {r['rank']}",
+                message=(
+                    f"Rank {r['rank']}: the GPU ran nothing for {r['idle_us'] / 1e3:.1f} ms of "
+                    f"{r['total_us'] / 1e3:.1f} ms profiled ({idle_pct:.1f}%){where}; compute "
+                    f"kernels {evidence['compute_pct']:.1f}%, communication/memory "
+                    f"{evidence['non_compute_pct']:.1f}%."
+                ),
+                first_step=first_step,
+                subject=f"rank {r['rank']}",
+                evidence=evidence,
+                advice=(
+                    "The host is not keeping the GPU fed. Look for host syncs (.item(), "
+                    "printing tensors, cudaStreamSynchronize; see host_sync) and slow data "
+                    "loading (DataLoader num_workers, pin_memory=True, non_blocking copies); "
+                    "cut launch overhead with larger batches, CUDA graphs or torch.compile"
+                    + ("; communication dominates the busy time too: overlap it with compute "
+                       "(DDP bucketing, FSDP prefetch)." if comm else ".")
+                ),
+                chart=anchors.GPU_TIME,
+            )
+        )
+    return findings

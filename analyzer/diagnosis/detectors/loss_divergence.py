@@ -1,0 +1,122 @@
+"""loss_divergence: the smoothed loss climbs well above its best level and stays there."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...stats import robust as _stats
+from .. import anchors
+from ..findings import Finding
+from . import _changes, _data
+from .base import Context
+
+ID = "loss_divergence"
+MAX_POINTS = 2000
+DEFAULTS: dict[str, Any] = {
+    "smooth_frac": 0.02,   # rolling-median window as a share of the steps ...
+    "smooth_min": 5,       # ... at least this many steps
+    "rise": 0.3,           # final level − best > rise × (start − best): it gave back a third
+                           # of what it had learned (a healthy run ends near its best; 0.5
+                           # missed ViT/CNN runs whose LR ramp undid 40% of their progress) ...
+    "rise_abs": 0.02,      # ... and > rise_abs × |best| ...
+    "noise_sigmas": 1.5,   # ... and the end (a median of tail steps) > this many σ of the
+                           # loss's step-to-step noise above the best tail/2-step median
+    "tail_frac": 0.1,      # "final level" = median of the last tail_frac of the steps
+    "min_steps": 20,
+}
+DOC = {
+    "meaning": "Training diverges: after reaching its best, the loss rises and stays high "
+               "(or turns NaN).",
+    "rule": "smoothed (rolling median) loss at the end exceeds the best smoothed loss by "
+            "more than rise × (start − best), rise_abs × |best| and noise_sigmas × the "
+            "loss's step-to-step noise (a level shift: the loss may spike and then settle "
+            "at its new, worse level; the noise is measured up to the best point, as a "
+            "diverging loss is turbulent itself). A loss that turns nonfinite without "
+            "rising first is the nonfinite finding's. A learning-rate jump just before the "
+            "onset is named as its cause.",
+    "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
+             "LR schedule, use bf16/loss scaling, normalise inputs.",
+}
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    r = _data.primary_rank(ctx, "loss")
+    if r is None:
+        return []
+    d = _data.steps(ctx)[r]
+    step_all, loss_all = d["step"], d["loss"]
+    has = d["loss_given"]
+    finite = np.isfinite(loss_all)
+    if finite.sum() < th["min_steps"]:
+        return []
+    # a loss that ends nonfinite has diverged; use the finite prefix for the shape
+    tail_nonfinite = bool(has.any() and not finite[np.flatnonzero(has)[-1]])
+    step, loss = step_all[finite], loss_all[finite]
+    if len(loss) > MAX_POINTS:
+        # long runs: window medians first (the shape is what matters; keeps this O(n))
+        x, y = _stats.bucket_series(step.astype(np.float64), loss, MAX_POINTS, how="median")
+        step, loss = x.astype(np.int64), y
+    w = max(int(th["smooth_min"]), int(len(loss) * float(th["smooth_frac"])))
+    sm = _stats.rolling_median(loss, w)
+    ib = int(np.nanargmin(sm))
+    best = float(sm[ib])
+    start = float(np.median(sm[: max(1, w)]))
+    tail = max(w, int(len(loss) * float(th["tail_frac"])))
+    end = float(np.median(loss[-tail:]))
+    ref = max(start - best, 1e-12)
+    after = sm[ib:]
+    # The end of the *finite* loss must have risen: a loss that jumps straight from a
+    # healthy level to NaN is the nonfinite finding's (its noise before the NaN is not a
+    # divergence).
+    # Significance against the loss's own step noise, with levels that average it out:
+    # the end is a median of `tail` steps, so the best level compared with it is the lowest
+    # median over windows of half that (the minimum of a narrow rolling median is biased
+    # low by the noise itself).
+    # (the noise of the loss up to its best: a diverging loss is turbulent itself, and its
+    # own turbulence must not hide the rise)
+    upto = loss[:ib + w] if ib + w >= 10 else loss
+    noise = _stats.mad_sigma(np.diff(upto)) / np.sqrt(2.0)
+    best_level = float(np.nanmin(_stats.rolling_median(loss, max(w, tail // 2))))
+    rose = (end - best > th["rise"] * ref and end - best > th["rise_abs"] * abs(best)
+            and end - best_level > th["noise_sigmas"] * noise and ib < len(sm) - tail)
+    if not rose:
+        return []
+    level = end if not tail_nonfinite else float("inf")
+    # onset: the first raw loss after the best that leaves the best level by a tenth of
+    # the rise, and the smoothed loss stays above that from there
+    onset_level = best + 0.1 * min(end - best, 10 * max(ref, abs(best)))
+    raw_after = loss[ib:]
+    stays = np.flatnonzero(after <= onset_level)
+    from_i = int(stays[-1]) + 1 if len(stays) else 0
+    above = np.flatnonzero(raw_after[:from_i + 1] > onset_level)
+    i0 = int(above[above >= max(0, from_i - w)][0]) if (above >= max(0, from_i - w)).any() \
+        else from_i
+    first = int(step[min(ib + i0, len(step) - 1)])
+    how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
+    # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)
+    # its final level: the jump that caused it comes before that
+    reach = np.flatnonzero(after >= end - 0.1 * (end - best))
+    clear = int(step[ib + int(reach[0])]) if len(reach) else first
+    cause = _changes.within(ctx, min(first, clear) - 10, max(first, clear) + 2)
+    because = ""
+    if cause is not None:
+        if cause["kind"] != "lr_ramp":  # (a ramp began long before: it does not date it)
+            first = cause["step"]
+        because = (f", as {cause['text']}" if cause["kind"] == "lr_ramp"
+                   else f", right after {cause['text']}")
+    return [Finding(
+        id=ID, severity="error", subject="loss", first_step=first,
+        title="Loss diverges" + ({"lr": " after a learning-rate jump",
+                                  "lr_ramp": " as the learning rate rises"}.get(
+                                      cause["kind"], f" after step {cause['step']}")
+                                 if cause else ""),
+        message=(f"The loss fell from {start:.4g} to {best:.4g} (step {int(step[ib])}), then "
+                 f"rose from step {first}{because}, and {how}."
+                 + ("" if cause else _changes.early_lr_note(ctx, first))),
+        advice=DOC["fixes"], chart=anchors.LOSS,
+        evidence={"best_loss": best, "best_step": int(step[ib]), "start_loss": start,
+                  "end_loss": level, "rise": end - best, "loss_noise": noise, "rank": r,
+                  "ended_nonfinite": tail_nonfinite, "cause": cause})]

@@ -1,0 +1,165 @@
+"""loss_plateau: the loss has not decreased significantly over a window (cf. SageMaker
+Debugger's LossNotDecreasing). A plateau covering most of the run means it never learned
+(warning); a late plateau after real progress is normal convergence (info)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...stats import robust as _stats
+from .. import anchors
+from ..findings import Finding
+from . import _changes, _data, _structure
+from .base import Context
+
+ID = "loss_plateau"
+DEFAULTS: dict[str, Any] = {
+    "min_steps": 50,            # need at least this many loss values
+    "window_frac": 0.2,         # a plateau lasts at least this share of the run ...
+    "window_min": 30,           # ... and at least this many steps
+    "min_rel_decrease": 0.01,   # decrease < 1% of the loss level counts as "not decreasing"
+    "max_p": 0.01,              # ... unless a Mann–Kendall test says it falls significantly
+    "warn_frac": 0.8,           # plateau over ≥ this share of the run → warning, else info
+    "flat_band": 0.05,          # a plateau's window medians stay within this share of its level
+    "stall_frac": 0.6,          # or over ≥ this share when the loss fell by less than
+    "stall_drop": 0.2,          # this share of its starting level before it (stalled early)
+    "points": 200,              # the series is reduced to this many window medians
+}
+DOC = {
+    "meaning": "The loss stopped decreasing (or never did).",
+    "rule": "the longest tail of the run where the loss (window medians) fell by less than "
+            "min_rel_decrease of its level, or did not fall significantly (Mann–Kendall "
+            "p ≥ max_p); warning when it covers ≥ warn_frac of the run and the whole run did "
+            "not decrease either, or covers ≥ stall_frac after the loss fell by less than "
+            "stall_drop before it (stalled early), else info. A warning plateau at ln C, for "
+            "the C of the model's logits (within CHANCE_TOL) or a small integer C ≤ 10 "
+            "(within SMALL_K_TOL), is named chance level.",
+    "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
+             "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
+             "it stalled late: LR decay/schedule, a larger model, or stop early.",
+}
+
+
+def _decreasing(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+    """Does the reduced series y fall meaningfully and significantly?"""
+    k = max(1, len(y) // 5)
+    drop = float(np.median(y[:k]) - np.median(y[-k:]))
+    level = max(float(np.median(np.abs(y))), 1e-12)
+    if drop < th["min_rel_decrease"] * level:
+        return False
+    z, p = _stats.mann_kendall(y)
+    return z < 0 and p < th["max_p"]
+
+
+def _climbs(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+    """Does the reduced series rise meaningfully and significantly? Then it is not a
+    plateau: it diverges (loss_divergence's job), and a span that holds both the learning
+    and the divergence is neither."""
+    k = max(1, len(y) // 5)
+    rise = float(np.max(y[k:]) if len(y) > k else y[-1]) - float(np.median(y[:k]))
+    level = max(float(np.median(np.abs(y))), 1e-12)
+    if rise < th["min_rel_decrease"] * level * 10:
+        return False
+    z, p = _stats.mann_kendall(y)
+    return z > 0 and p < th["max_p"]
+
+
+def _flat(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+    """Does the reduced series stay within a narrow band (the medians of its five
+    consecutive blocks within flat_band of its level plus 4x the noise of consecutive window
+    medians)? A span that holds both progress and a setback is not a plateau, even if it
+    ends where it began."""
+    blocks = [float(np.median(b)) for b in np.array_split(y, min(5, len(y))) if len(b)]
+    level = max(float(np.median(np.abs(y))), 1e-12)
+    noise = _stats.mad_sigma(np.diff(y)) / np.sqrt(2.0)
+    band = th["flat_band"] * level + 4 * noise
+    # and it starts at that level (not on the way there)
+    head = float(np.median(y[:max(3, len(y) // 20)]))
+    return max(blocks) - min(blocks) <= band and abs(head - float(np.median(y))) <= band
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    series = _data.finite_loss(ctx, int(th["min_steps"]))
+    if series is None:
+        return []
+    r, step, loss = series
+    x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th["points"]), how="median")
+    npts = len(x)
+    span = float(step[-1] - step[0]) or 1.0
+    min_len = max(float(th["window_frac"]) * span, float(th["window_min"]))
+    # smallest start index i whose tail [i:] is long enough and not decreasing
+    plateau_i = None
+    for i in range(npts):
+        if x[-1] - x[i] < min_len or npts - i < 6:
+            break
+        if not _decreasing(y[i:], th) and not _climbs(y[i:], th) and _flat(y[i:], th):
+            plateau_i = i
+            break
+    if plateau_i is None:
+        return []
+    first = int(x[plateau_i])
+    frac = (step[-1] - first) / span
+    # "Never learned" needs the run as a whole not to have decreased either: a model that
+    # converges quickly (loss down 99% in the first 15% of the steps) and then sits at its
+    # noise floor has a long plateau too, but that is normal convergence.
+    # It stalled early when, before the plateau, it fell by less than stall_drop of its
+    # starting level (an LM stuck at its unigram loss; a quickly converged classifier
+    # instead drops ~99% before its plateau).
+    k = max(1, len(y) // 20)
+    start_level = float(np.median(y[:k]))
+    drop = (start_level - float(np.median(y[plateau_i:]))) / max(abs(start_level), 1e-12)
+    sev = "warning" if (frac >= th["warn_frac"] and not _decreasing(y, th)) or (
+        frac >= th["stall_frac"] and drop < th["stall_drop"]) else "info"
+    level = float(np.median(y[plateau_i:]))
+    never = sev == "warning"
+    title = "Loss is not decreasing" if never else "Loss has plateaued"
+    lr = _changes.lr_summary(ctx)
+    lr_note = ""
+    if never and lr is not None:
+        lr_note = (f" The learning rate was {lr['first']:.3g}"
+                   + (" throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})")
+                   + ": if the loss fell in the first steps and stalled, it is likely too "
+                   "high; if it never moved, too low (or the gradients do not flow).")
+    chance = chance_level(ctx, level) if never else None
+    if chance is not None:
+        title = "Loss stuck at chance level"
+        lr_note = (f" It sits at ln({chance}) = {math.log(chance):.4g}, the cross-entropy of "
+                   f"a uniform guess over {chance} classes: the model predicts at chance level. "
+                   "Check that labels match their inputs (a shuffled or misaligned label "
+                   "list), that the data is shuffled, and that the loss gets logits (not "
+                   "probabilities or detached outputs).") + lr_note
+    return [Finding(
+        id=ID, severity=sev, subject="loss", first_step=first, title=title,
+        message=(f"From step {first} to {int(step[-1])} ({100 * frac:.0f}% of the run) the "
+                 f"loss stayed around {level:.4g} without a significant decrease (less than "
+                 f"{100 * th['min_rel_decrease']:.0f}% or not significant)."
+                 + (" The model does not seem to learn." if never else "") + lr_note),
+        advice=DOC["fixes"], chart=anchors.LOSS,
+        evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),
+                  "level": level, "rank": r, "lr": lr, "chance_classes": chance})]
+
+
+CHANCE_TOL = 0.05
+"""|level − ln C| ≤ this × ln C: at chance for the C the model's logits have."""
+SMALL_K_TOL = 0.01
+"""Without the logits' width: |level − ln k| ≤ this for an integer 2 ≤ k ≤ SMALL_K (ln k are
+≥ 0.095 apart up to 10, so a match is not a coincidence of dense values)."""
+SMALL_K = 10
+
+
+def chance_level(ctx: Context, level: float) -> int | None:
+    """The number of classes C whose uniform guess has cross-entropy ``level`` (ln C), from
+    the logits' width the recorder saw, else from the level alone for small C."""
+    if not (level > 0 and math.isfinite(level)):
+        return None
+    c = _structure.structure(ctx)["output_features"]
+    if c is not None and abs(level - math.log(c)) <= CHANCE_TOL * math.log(c):
+        return int(c)
+    k = round(math.exp(level))
+    if 2 <= k <= SMALL_K and abs(level - math.log(k)) <= SMALL_K_TOL:
+        return k
+    return None

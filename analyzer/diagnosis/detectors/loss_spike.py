@@ -1,0 +1,104 @@
+"""loss_spike: single steps whose loss jumps far above the local level (median/MAD)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...stats import robust as _stats
+from .. import anchors
+from ..findings import Finding
+from . import _changes, _data
+from .base import Context
+
+ID = "loss_spike"
+DEFAULTS: dict[str, Any] = {
+    "window": 51,          # centred rolling-median window (steps) for the local level
+    "z": 8.0,              # spike: loss − local median > z × robust σ of the residuals ...
+    "min_rel_jump": 0.5,   # ... and > this × |local median| (ignores noise on tiny losses)
+    "min_steps": 30,
+    "error_count": 10,     # this many spikes → error instead of warning
+    "recover_steps": 5,    # a spike comes back down: the median of the next steps ...
+    "recover_frac": 0.5,   # ... is below level + this × the jump (else it is divergence)
+}
+DOC = {
+    "meaning": "Individual steps where the loss jumps far above its local level.",
+    "rule": "residual to a centred rolling median (window) exceeds z robust σ (1.4826·MAD of "
+            "the residuals) and min_rel_jump × the local level, and the loss comes back down "
+            "(median of the next recover_steps below level + recover_frac × jump; a loss "
+            "that stays up is loss_divergence, not a spike).",
+    "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
+             "(the spike steps' data), use a larger batch or loss scaling with AMP.",
+}
+
+
+def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(spike indices, local median, residual, σ) over the finite part of the series."""
+    base = _stats.rolling_median(loss, int(th["window"]))
+    resid = loss - base
+    sigma = _stats.mad_sigma(resid)
+    floor = float(th["min_rel_jump"]) * np.abs(base)
+    # A spike is also a jump up from the level just before it (median of the previous half
+    # window). Near the start the centred window is cut off: while the loss still falls fast
+    # its median lies far below the first losses, which would otherwise all look like spikes
+    # (the first step, with nothing before it, never is one).
+    h = max(1, int(th["window"]) // 2)
+    before = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate([np.full(h, np.nan), loss.astype(np.float64)]), h)[:-1]
+    prev = _stats.nanmedian(before, axis=1)  # all-NaN windows (step 0) → NaN
+    jump = loss - prev
+    thr = th["z"] * max(sigma, 1e-12)
+    with np.errstate(invalid="ignore"):
+        hit = (np.isfinite(loss) & (resid > thr) & (resid > floor)
+               & (jump > thr) & (jump > float(th["min_rel_jump"]) * np.abs(prev)))
+    # A spike comes back down; a loss that stays up is divergence (its own detector).
+    k = max(1, int(th["recover_steps"]))
+    after = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate([loss.astype(np.float64)[1:], np.full(k, np.nan)]), k)[: len(loss)]
+    later = _stats.nanmedian(after, axis=1)
+    with np.errstate(invalid="ignore"):
+        recovers = ~(later > prev + float(th["recover_frac"]) * jump)  # NaN (end) counts
+        hit &= recovers & ~(np.isnan(later) & (np.arange(len(loss)) < len(loss) - 1))
+    return np.flatnonzero(hit), base, resid, sigma
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    series = _data.finite_loss(ctx, int(th["min_steps"]))
+    if series is None:
+        return []
+    r, step, loss = series
+    idx, base, resid, sigma = find_spikes(step, loss, th)
+    if not len(idx):
+        return []
+    worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
+    first = idx[0]
+    spikes = [int(s) for s in step[idx][:20]]
+    sev = "error" if len(idx) >= th["error_count"] else "warning"
+    # a learning rate rising into the spikes (a ramp, an endless warm-up) is their cause
+    ramp = _changes.lr_ramp(ctx, int(step[first]) - 10, int(step[first]))
+    return [Finding(
+        id=ID, severity=sev, subject="loss", first_step=int(step[first]),
+        title=f"{len(idx)} loss spike{'s' if len(idx) > 1 else ''}",
+        message=_message(step, loss, base, resid, sigma, first, worst, len(idx))
+        + (f" They come as {ramp['text']}." if ramp is not None
+           else _changes.early_lr_note(ctx, int(step[first]))),
+        advice=DOC["fixes"], chart=anchors.LOSS,
+        evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
+                  "first_loss": float(loss[first]), "first_local_median": float(base[first]),
+                  "worst_step": int(step[worst]), "worst_loss": float(loss[worst]),
+                  "robust_sigma": sigma})]
+
+
+def _message(step: np.ndarray, loss: np.ndarray, base: np.ndarray, resid: np.ndarray,
+             sigma: float, first: int, worst: int, count: int) -> str:
+    def at(i: int) -> str:
+        return (f"step {int(step[i])} ({loss[i]:.4g} vs local median {base[i]:.4g}, "
+                f"{resid[i] / max(sigma, 1e-12):.3g}× its usual step-to-step noise)")
+
+    if count == 1:
+        return f"The loss jumped far above its local level at {at(first)}."
+    return (f"The loss jumped far above its local level at {count} steps, first at "
+            f"{at(first)}; the largest at {at(worst)}.")

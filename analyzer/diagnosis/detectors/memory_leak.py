@@ -1,0 +1,250 @@
+"""memory_leak: the per-step memory floor keeps rising after warm-up.
+
+Why the floor: memory within a step swings with activations and the allocator's caching;
+the minimum over a window of steps is what survives every step, and a leak raises exactly
+that. The slope is Theil–Sen (robust to a few spikes) over window floors, its significance a
+Mann–Kendall test; a practical size threshold keeps tiny slow drifts out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...stats import robust as _stats
+from ...units import fmt_bytes
+from .. import anchors
+from ..findings import Finding
+from . import _data
+from .base import Context
+
+ID = "memory_leak"
+ALIASES = ("leak",)
+DEFAULTS: dict[str, Any] = {
+    "warmup_frac": 0.1,          # skip this share of the steps (allocator/caches settle) ...
+    "warmup_steps": 10,          # ... and at least this many steps
+    "min_steps": 30,             # need this many memory samples after warm-up
+    "windows": 50,               # number of step windows whose floor (min) is fitted
+    "min_slope_bytes": 4096,     # ignore slopes below this many bytes per step ...
+    "min_growth_bytes": 33554432,  # ... or a total floor growth below 32 MiB (RSS, CUDA) ...
+    # heap_bytes (malloc in use) has no allocator caching: a steady rise is unambiguous at a
+    # much smaller size. Healthy matrix runs (13 architectures, 6 healthy variants each)
+    # drift ≤ 0.3 MiB over 300 steps, ~1 KiB a step, under min_slope_bytes; the graph a
+    # small CNN's kept loss holds is ~14 KiB a step, 2.8 MiB over 200 steps.
+    "min_growth_heap_bytes": 1048576,
+    "min_growth_heap_frac": 0.005,
+    "error_bytes_per_10k_steps": 1073741824,  # error when it would grow ≥ 1 GiB per 10k steps,
+                                             # else warning (a slow leak)
+    "min_growth_frac": 0.05,     # ... or below 5% of the starting floor
+    "max_p": 0.001,              # Mann–Kendall p-value for a significant rise
+    "tail_ratio": 0.3,           # still rising at the end: last-half slope ≥ this × slope
+}
+DOC = {
+    "meaning": "Memory that survives every step keeps growing (host heap in use, host RSS or "
+               "CUDA allocated).",
+    "rule": "Theil–Sen slope of the per-window memory floor after warm-up is positive, "
+            "significant (Mann–Kendall p < max_p), still rising in the last half, and the "
+            "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
+            "the device capacity is known. Host: heap_bytes (malloc in use: no allocator "
+            "caching, so min_growth_heap_bytes) when it shows the leak, else RSS; onset = where "
+            "a steady per-step rise begins (else the last window floor at the start level). "
+            "The recorder's own profiler windows are discounted: their steps are skipped and "
+            "the level the profiler kept is subtracted from what follows.",
+    "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
+             "clear caches/lists that grow per step, check DataLoader worker copies.",
+}
+COUNTERS = ("heap_bytes", "rss_bytes", "cuda_allocated_bytes")
+HOST = ("heap_bytes", "rss_bytes")  # one host finding: the heap's when it shows the leak
+
+
+def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 5
+                 ) -> int | None:
+    """The step where a steady per-step rise begins: from there on, every ``window``
+    consecutive steps have at least half their increments above slope/2 (a counter that
+    grows by about ``slope`` every step, as malloc'd bytes do under a tensor leak). None
+    when the rise is not steady at that resolution (RSS grows in allocator-sized jumps):
+    the window-floor estimate stands then. Isolated jumps before the leak (a flush's
+    buffers) are single increments and do not start it. A pause once the counter has left
+    its starting level (a few slow steps whose samples repeat, an allocator trim) is an
+    interruption of the leak, not a new start: only pauses at the starting level (within
+    a tenth of the whole rise) can come before the leak."""
+    if slope <= 0 or len(val) < 3 * window:
+        return None
+    d = np.diff(val) * (1.0 / np.maximum(np.diff(step), 1))
+    rising = (d > slope / 2).astype(np.float64)
+    frac = np.convolve(rising, np.ones(window) / window, mode="valid")  # forward windows
+    base = float(np.median(val[:window]))
+    near = val[:len(frac)] <= base + 0.1 * max(float(val[-1]) - base, 0.0)
+    low = np.flatnonzero((frac < 0.5) & near)
+    i = int(low[-1]) + 1 if len(low) else 0
+    if i >= len(frac) - window:
+        return None
+    # the first rising increment at or after i is the leak's first effect: it started at
+    # the step before it
+    # (a transient allocation, e.g. a flush's buffer freed right after, rises and falls
+    # back at once: not the leak's start)
+    nxt = np.r_[d[1:], 0.0]
+    up = np.flatnonzero((rising[i:] > 0) & (nxt[i:] > -d[i:] / 2))
+    return int(step[i + int(up[0])]) if len(up) else None
+
+
+def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any],
+             min_growth: float | None = None, min_frac: float | None = None,
+             precise: bool = False) -> dict[str, Any] | None:
+    ok = np.isfinite(val)
+    step, val = step[ok], val[ok]
+    if len(step) < th["min_steps"]:
+        return None
+    skip = max(int(th["warmup_steps"]), int(len(step) * float(th["warmup_frac"])))
+    keep = step >= step[0] + skip
+    s, v = step[keep], val[keep]
+    if len(s) < th["min_steps"]:
+        return None
+    x, y = _stats.bucket_series(s.astype(np.float64), v, int(th["windows"]), how="min")
+    if len(x) < 6:
+        return None
+    slope, _ = _stats.theil_sen(x, y)
+    z, p = _stats.mann_kendall(y)
+    growth = float(slope * (s[-1] - s[0]))
+    start = float(np.median(y[:3]))
+    half = len(x) // 2
+    tail_slope, _ = _stats.theil_sen(x[half:], y[half:])
+    if not (slope >= th["min_slope_bytes"] and z > 0 and p < th["max_p"]
+            and growth >= (th["min_growth_bytes"] if min_growth is None else min_growth)
+            and growth >= (th["min_growth_frac"] if min_frac is None else min_frac) * max(
+                start, 1.0)
+            and tail_slope >= th["tail_ratio"] * slope):
+        return None
+    # onset: the last window whose floor is still at the starting level (within a robust
+    # noise margin) before it leaves it for good. Not the first window above it: allocator
+    # bumps early in a run rise and fall back, and are not the leak's start.
+    noise = _stats.mad_sigma(np.diff(y))
+    margin = max(3 * noise, 0.5 * slope * (x[1] - x[0]) if len(x) > 1 else 0.0)
+    at_start = np.flatnonzero(y <= start + margin)
+    first = int(x[at_start[-1]]) if len(at_start) else int(s[0])
+    # refined on the per-step values after warm-up when the rise is steady (window floors
+    # only place it within a window)
+    steady = steady_onset(s, v, slope)
+    width = float(x[1] - x[0]) if len(x) > 1 else 1.0
+    # (malloc'd bytes move step by step, so a steady rise there dates the leak better than
+    # window floors, which a one-off allocation earlier can lift; RSS moves in allocator-
+    # sized jumps: there the steady estimate is only a refinement of the floors')
+    if steady is not None and (precise or abs(steady - first) <= max(3 * width,
+                                                                        0.1 * (s[-1] - s[0]))):
+        first = steady
+    return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
+            "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
+
+
+SETTLE = 10
+"""Steps after a profiler window before its memory is read as settled."""
+
+
+def profiler_windows(ctx: Context) -> dict[int, list[tuple[int, int]]]:
+    """rank -> (first, last) step of each profiler window the recorder opened (its
+    ``profiler_window`` events; fields checked, the run is untrusted)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for rank, text in ctx.rows("SELECT rank, details FROM events "
+                               "WHERE kind = 'profiler_window'"):
+        try:
+            d = json.loads(text) if isinstance(text, str) else {}
+        except ValueError:
+            continue
+        a, b = (d.get("first_step"), d.get("last_step")) if isinstance(d, dict) else (0, 0)
+        if isinstance(a, int) and isinstance(b, int) and 0 <= a <= b:
+            out.setdefault(int(rank), []).append((a, b))
+    return out
+
+
+def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The recorder's own memory taken out: each profiler window's steps (and SETTLE after)
+    are dropped, and the level its profiler kept (the settled median after it minus the
+    median before it, when positive) is subtracted from every later value. What the
+    profiler keeps is a one-off step in the floor, and it is the recorder's, not the
+    training's."""
+    val = val.astype(np.float64).copy()
+    keep = np.ones(len(step), dtype=bool)
+    for a, b in sorted(windows):
+        ok = np.isfinite(val)
+        pre = val[ok & (step >= a - SETTLE) & (step < a)]
+        post = val[ok & (step > b + SETTLE) & (step <= b + 2 * SETTLE)]
+        if len(pre) and len(post):
+            val[step > b] -= max(0.0, float(np.median(post)) - float(np.median(pre)))
+        keep &= ~((step >= a) & (step <= b + SETTLE))
+    return step[keep], val[keep]
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    cols = ctx.arrays(
+        "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, heap_bytes::DOUBLE AS heap_bytes, "
+        "cuda_allocated_bytes::DOUBLE AS cuda_allocated_bytes, "
+        "cuda_total_bytes::DOUBLE AS cuda_total_bytes FROM memory "
+        "WHERE step IS NOT NULL ORDER BY rank, step")
+    if not len(cols["rank"]):
+        return []
+    slices = _data.rank_slices(cols["rank"])
+    out = []
+    device_total = ((ctx.run.meta.get("device") or {}).get("total_memory_bytes"))
+    windows = profiler_windows(ctx)
+    host_found = False
+    for counter in COUNTERS:
+        if counter in HOST and host_found:
+            continue
+        best: tuple[int, dict[str, Any]] | None = None
+        leaking = []
+        heap = counter == "heap_bytes"
+        min_growth = th["min_growth_heap_bytes"] if heap else None
+        min_frac = th["min_growth_heap_frac"] if heap else None
+        for r, sel in slices:
+            vals = np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64)
+            steps = np.asarray(cols["step"][sel], np.int64)
+            if windows.get(int(r)):
+                steps, vals = discount(steps, vals, windows[int(r)])
+            res = _analyse(steps, vals, th, min_growth, min_frac, precise=heap)
+            if res is None:
+                continue
+            leaking.append(int(r))
+            if best is None or res["slope"] > best[1]["slope"]:
+                totals = np.asarray(np.ma.filled(cols["cuda_total_bytes"][sel], np.nan))
+                res["total"] = (float(np.nanmax(totals)) if np.isfinite(totals).any()
+                                else (float(device_total) if device_total else None))
+                best = (int(r), res)
+        if best is None:
+            continue
+        r, res = best
+        ev: dict[str, Any] = {
+            "slope_bytes_per_step": round(res["slope"], 1),
+            "growth_bytes": int(res["growth"]), "floor_start_bytes": int(res["start"]),
+            "floor_end_bytes": int(res["end"]), "p_value": res["p"],
+            "steps_analysed": res["steps"], "rank": r, "ranks_leaking": leaking,
+        }
+        severity = ("error" if res["slope"] * 10_000 >= th["error_bytes_per_10k_steps"]
+                    else "warning")
+        oom = ""
+        if counter == "cuda_allocated_bytes" and res.get("total"):
+            left = (res["total"] - res["end"]) / res["slope"]
+            ev["capacity_bytes"] = int(res["total"])
+            ev["projected_steps_to_oom"] = int(max(0.0, left))
+            ev["projected_oom_step"] = int(res["last_step"] + max(0.0, left))
+            oom = (f" At this rate the GPU ({fmt_bytes(res['total'])}) runs out in "
+                   f"about {int(max(0.0, left)):,} steps (step {ev['projected_oom_step']:,}).")
+            if left <= res["steps"]:
+                severity = "critical"
+        host_found = host_found or counter in HOST
+        what = {"rss_bytes": "host RSS", "heap_bytes": "host heap in use (malloc)",
+                "cuda_allocated_bytes": "CUDA allocated memory"}[counter]
+        out.append(Finding(
+            id=ID, severity=severity, subject=counter, first_step=res["first_step"],
+            title=f"{what} grows {fmt_bytes(res['slope'])} per step",
+            message=(f"Since step {res['first_step']}, {what} on rank {r} grows by about "
+                     f"{fmt_bytes(res['slope'])} every step and is still rising: from "
+                     f"{fmt_bytes(res['start'])} to {fmt_bytes(res['end'])} "
+                     f"(+{fmt_bytes(res['growth'])}). At this rate that is "
+                     f"+{fmt_bytes(res['slope'] * 10_000)} per 10,000 steps."
+                     + oom),
+            advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
+    return out

@@ -1,0 +1,119 @@
+"""step_time_outlier: steps far slower than the typical step (median/MAD)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...stats.steptime import outliers
+from .. import anchors
+from ..findings import Finding
+from . import _data
+from .base import Context
+
+ID = "step_time_outlier"
+DEFAULTS: dict[str, Any] = {
+    "warmup_steps": 3,        # compilation / cudnn autotune / first batches are slow
+    "z": 6.0,                 # outlier: duration − median > z × robust σ ...
+    "min_rel": 1.0,           # ... and > (1 + min_rel) × median (jitter of tiny steps is ~1.5×)
+    "warn_time_share": 0.1,   # warning when outliers cost ≥ this share of the run's time
+    "min_excess_s": 1.0,      # ... and at least this many seconds (a stall shorter than this
+                              #     costs nothing that matters)
+    "busy_cpu_percent": 80.0,  # machine CPU (system table) during the slow steps at or above
+                               # this, and 20 points above the run's median: other processes
+                               # kept the machine busy (info, not a warning about the run)
+    "others_cores": 0.5,       # ... or other processes held at least this many cores' worth
+                               # of CPU during the slow steps (the machine's CPU minus this
+                               # process's, over run.json's cpu_count): a machine busy for
+                               # the whole run is still busy; half a core taken by others
+                               # stalls a loop whose threads use every core
+    "min_steps": 20,
+}
+DOC = {
+    "meaning": "Some steps take much longer than the rest (stalls, GC, checkpoints, syncs).",
+    "rule": "after warm-up, duration − median > z × 1.4826·MAD and > min_rel × median; info "
+            "unless the excess time of the outliers is ≥ warn_time_share of the total and "
+            "≥ min_excess_s seconds, and the machine was not busy with other work during "
+            "the slow steps (system table CPU ≥ busy_cpu_percent and 20 points above its "
+            "median, or other processes using ≥ others_cores cores then). Steps "
+            "where the recorder computed full statistics or profiled are not judged.",
+    "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
+             ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
+}
+
+
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    best = None
+    knobs = ctx.run.meta.get("knobs") or {}
+    for r, d in _data.steps(ctx).items():
+        rule = outliers(d["step"], d["duration_s"], knobs, th)
+        if rule is None:
+            continue
+        sel = rule["sel"]
+        dur, step = d["duration_s"][sel], d["step"][sel]
+        med, sigma = rule["med"], rule["sigma"]
+        out = rule["mask"][sel]
+        if not out.any():
+            continue
+        excess = float((dur[out] - med).sum())
+        share = excess / float(dur.sum())
+        if best is None or share > best["share"]:
+            ends = d["time"][sel][out]
+            best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
+                    "steps": step[out], "durs": dur[out], "ends": ends,
+                    "threshold": rule["threshold"]}
+    if best is None:
+        return []
+    busy = _machine_busy(ctx, best, th["busy_cpu_percent"], float(th["others_cores"]))
+    sev = ("warning" if best["share"] >= th["warn_time_share"]
+           and best["excess"] >= th["min_excess_s"] and busy is None else "info")
+    n = len(best["steps"])
+    i = int(np.argmax(best["durs"]))
+    return [Finding(
+        id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=int(best["steps"][0]),
+        title=f"{n} slow step{'s' if n > 1 else ''} (up to {best['durs'][i] / best['med']:.1f}×"
+              f" the median)",
+        message=(f"{n} step(s) on rank {best['rank']} took far longer than the median "
+                 f"{1e3 * best['med']:.1f} ms (the slowest, step {int(best['steps'][i])}, "
+                 f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
+                 f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)."
+                 + (f" The machine was busy with other work meanwhile (CPU {busy[0]:.0f}% "
+                    f"during the slow steps, {busy[1]:.0f}% typically): likely not the "
+                    "training's own stall." if busy is not None else "")),
+        advice=DOC["fixes"], chart=anchors.STEP_TIME,
+        evidence={"count": n, "outlier_steps": [int(s) for s in best["steps"][:20]],
+                  "median_s": best["med"], "robust_sigma_s": best["sigma"],
+                  "threshold_s": best["threshold"],
+                  "max_s": float(best["durs"][i]), "excess_s": best["excess"],
+                  "time_share": best["share"], "rank": best["rank"],
+                  "machine_cpu_pct_during": busy[0] if busy else None})]
+
+
+def _machine_busy(ctx: Context, best: dict[str, Any], limit: float, others_cores: float
+                  ) -> tuple[float, float] | None:
+    """(machine CPU % during the slow steps, typical machine CPU %) when other work kept the
+    machine busy then (system table, sampled in the background); None otherwise."""
+    cores = ctx.run.meta.get("cpu_count")
+    cores = cores if isinstance(cores, int) and cores > 0 else None
+    ends = [float(t) for t in best["ends"] if np.isfinite(t)]
+    if not ends:
+        return None
+    starts = [t - float(d) - 1.0 for t, d in zip(ends, best["durs"], strict=False)]
+    cond = " OR ".join("(time BETWEEN ? AND ?)" for _ in ends[:200])
+    params: list[Any] = [best["rank"]]
+    for a, b in zip(starts[:200], ends[:200], strict=False):
+        params += [a, b + 1.0]
+    during, others = ctx.rows(
+        f"SELECT avg(cpu_percent), avg(cpu_percent - proc_cpu_percent / {cores or 1}) "
+        f"FROM system WHERE rank = ? AND ({cond})", params)[0]
+    typical = ctx.rows("SELECT median(cpu_percent) FROM system WHERE rank = ?",
+                       [best["rank"]])[0][0]
+    if during is None or typical is None:
+        return None
+    if during >= limit and during >= typical + 20.0:
+        return float(during), float(typical)
+    if cores is not None and others is not None and others * cores / 100.0 >= others_cores:
+        return float(during), float(typical)
+    return None

@@ -1,0 +1,214 @@
+"""Run every detector over a run and build the DESIGN.md summary (JSON dict, text).
+
+A detector that raises does not kill the summary: its failure becomes an ``error`` finding
+under that detector's id, so the user sees the analysis is incomplete and a CI gate on
+``--fail-on error`` (or warning) never passes a run it could not fully check.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..run.catalog import Run, open_run
+from .causality import link
+from .coverage import not_checked
+from .findings import SEVERITIES, Finding, severity_rank
+from .rank_groups import LIMIT, fold_per_rank, rank_ranges
+
+SUMMARY_SCHEMA_VERSION = 1
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
+    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    where = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
+    return Finding(
+        id=det_id, severity="error",
+        title=f"Detector {det_id} failed; this check was not done",
+        message=f"The {det_id} detector {what}: {type(exc).__name__}: {exc}{where}.",
+        advice="This is a bug in tracealyze or an unexpected run layout; please report it "
+               "with the run's run.json. Other findings are unaffected.",
+        evidence={"detector_error": f"{type(exc).__name__}: {exc}"},
+    )
+
+
+def analyze(run: Run, overrides: Any = None, *,
+            config_file: Path | str | None = None,
+            cache: dict[str, Any] | None = None) -> list[Finding]:
+    """All findings of all detectors, root causes first, each followed by the findings it
+    explains (``causality.link``); groups by their most severe member."""
+    from . import thresholds as config
+    from .detectors.base import Context, discover
+
+    modules, load_errors = discover()
+    thresholds = config.resolve(modules, overrides, config_file)
+    # ``cache``: heavy results the detectors share, kept for the caller (the summary's
+    # gpu_time rows reuse the trace analyses the detectors ran)
+    ctx = Context(run=run, thresholds=thresholds, cache={} if cache is None else cache)
+    findings: list[Finding] = []
+    for err in load_errors:
+        findings.append(_failure(err.module, "could not be loaded",
+                                 RuntimeError(f"{err.module}: {err.error}")))
+    for mod in modules:
+        th = thresholds[mod.ID]
+        if not th.get("enabled", True):
+            continue
+        try:
+            found = mod.detect(ctx, th) or []
+        except Exception as e:  # one detector's bug must not hide the others' findings
+            findings.append(_failure(mod.ID, "raised an exception", e))
+            continue
+        findings.extend(fold_per_rank(list(found), getattr(mod, "RANK_KEY", None)))
+    return link(findings)
+
+
+def clean_json(value: Any) -> Any:
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to 'nan'/'inf' strings."""
+    if isinstance(value, Mapping):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, TypeError):
+            return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _gpu_time(run: Run, cache: dict[str, Any]) -> list[dict[str, Any]] | None:
+    (n,) = run.con.execute(
+        "SELECT count(*) FROM trace_events WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
+    ).fetchone()
+    if not n:
+        return None
+    from ..gpu.summary import gpu_time_rows
+
+    return gpu_time_rows(run.con, cache=cache)
+
+
+def build_summary(run: Run | str | Path, overrides: Any = None, *,
+                  config_file: Path | str | None = None) -> dict[str, Any]:
+    """The DESIGN.md summary JSON of ``run`` (a Run, or a path opened and closed here).
+
+    ``overrides``: ``{detector: {key: value}}`` or ``["detector.key=value", ...]``.
+    """
+    if not isinstance(run, Run):
+        with open_run(run) as opened:
+            return build_summary(opened, overrides, config_file=config_file)
+    cache: dict[str, Any] = {}
+    findings = analyze(run, overrides, config_file=config_file, cache=cache)
+    (steps,) = run.con.execute("SELECT count(DISTINCT step) FROM steps").fetchone()
+    out: dict[str, Any] = {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        # "killed": marked running, but its heartbeat is stale by the format's rule (run.json
+        # still says running: nobody got to say otherwise); "killed": true says the same
+        "run": {"run_id": run.run_id, "status": "killed" if run.killed else run.status,
+                "steps": int(steps), "ranks": list(run.ranks),
+                "killed": run.killed, "heartbeat_age_s": run.heartbeat_age_s()},
+        "findings": [f.to_json() for f in findings],
+        # what could not be checked, and why (a healthy verdict covers only the rest)
+        "not_checked": not_checked(run),
+    }
+    try:
+        gpu = _gpu_time(run, cache)
+    except Exception as e:  # breakdown failure: say so, keep the rest
+        out["findings"].append(_failure("gpu_idle", "could not compute the GPU time "
+                                        "breakdown", e).to_json())
+        gpu = None
+    if gpu is not None:
+        out["gpu_time"] = gpu
+    return clean_json(out)
+
+
+def worst_severity(summary: Mapping[str, Any]) -> str | None:
+    """Highest severity among the summary's findings, None if there are none."""
+    sev = [f["severity"] for f in summary.get("findings", [])]
+    return max(sev, key=severity_rank) if sev else None
+
+
+def fails(summary: Mapping[str, Any], fail_on: str) -> bool:
+    """True if some finding is at least as severe as ``fail_on``."""
+    worst = worst_severity(summary)
+    return worst is not None and severity_rank(worst) >= severity_rank(fail_on)
+
+
+_MARK = {"info": "·", "warning": "!", "error": "✗", "critical": "✗✗"}
+
+
+def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
+    """Human-readable summary for a terminal."""
+    run = summary["run"]
+    ranks = run.get("ranks") or []
+    status = "killed" if run.get("killed") else run.get("status")
+    lines = [f"run {run.get('run_id') or '?'}  status={status}  "
+             f"steps={run.get('steps')}  ranks={len(ranks)} ({rank_ranges(ranks) or '-'})"]
+    findings = summary.get("findings", [])
+    counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}
+    gaps = summary.get("not_checked") or []
+    if not any(counts[s] for s in SEVERITIES[1:]):
+        lines.append(("No problems found in what could be checked" if gaps
+                      else "No problems found")
+                     + (f" ({counts['info']} note(s))." if counts["info"] else "."))
+    else:
+        lines.append(", ".join(f"{counts[s]} {s}" for s in reversed(SEVERITIES) if counts[s]))
+    for g in gaps:
+        lines.append(f"Not checked: {g['check']}: {g['why']} (to check it: {g['how']}).")
+    wrap = textwrap.TextWrapper(width=width, initial_indent="    ", subsequent_indent="    ")
+    for f in findings:
+        where = []
+        if f.get("subject"):
+            where.append(str(f["subject"]))
+        if f.get("first_step") is not None:
+            where.append(f"from step {f['first_step']}")
+        lines.append("")
+        indent = "  ↳ " if f.get("caused_by") else ""
+        lines.append(f"{indent}{_MARK.get(f['severity'], '?')} {f['severity'].upper():8} "
+                     f"{f['id']}: {f['title']}" + (f"  [{', '.join(where)}]" if where else ""))
+        if f.get("caused_by"):
+            lines.append(f"    (a consequence of {f['caused_by']} above)")
+        lines.extend(wrap.wrap(f["message"]))
+        if f.get("advice"):
+            lines.extend(wrap.wrap("Try: " + f["advice"]))
+    lines.extend(_gpu_time_text(summary.get("gpu_time") or []))
+    return "\n".join(lines)
+
+
+def _pct_of(g: Mapping[str, Any], key: str) -> float:
+    total = g.get("total_us") or 0
+    return 100 * (g.get(key) or 0) / total if total else 0.0
+
+
+def _gpu_time_text(gpu: list[Mapping[str, Any]]) -> list[str]:
+    """One line per rank; past LIMIT ranks, the spread over ranks and the ranks at its ends."""
+    gpu = [g for g in gpu if g.get("total_us")]
+    if not gpu:
+        return []
+    if len(gpu) <= LIMIT:
+        out = []
+        for g in gpu:
+            overlap = g.get("comm_comp_overlap_pct")
+            out += ["", f"GPU time rank {g.get('rank')}: total {g['total_us'] / 1e3:.1f} ms, "
+                        f"idle {_pct_of(g, 'idle_us'):.1f}%, compute "
+                        f"{_pct_of(g, 'compute_us'):.1f}%, non-compute "
+                        f"{_pct_of(g, 'non_compute_us'):.1f}%"
+                        + (f", comm/compute overlap {overlap:.1f}%" if overlap is not None
+                           else "")]
+        return out
+    out = ["", f"GPU time over {len(gpu)} ranks (min / median / max, rank at each end):"]
+    for key, label in (("idle_us", "idle"), ("compute_us", "compute"),
+                       ("non_compute_us", "non-compute")):
+        ranked = sorted(gpu, key=lambda g: _pct_of(g, key))
+        lo, mid, hi = ranked[0], ranked[len(ranked) // 2], ranked[-1]
+        out.append(f"  {label:12} {_pct_of(lo, key):5.1f}% (rank {lo['rank']}) / "
+                   f"{_pct_of(mid, key):5.1f}% / {_pct_of(hi, key):5.1f}% (rank {hi['rank']})")
+    return out

@@ -1,0 +1,145 @@
+"""The second pass of trace ingest (:mod:`.trace_stream`): every row gets its step and the
+rows their time order. ``ProfilerStep#N`` containment for host rows, the launching runtime
+call's step for device rows (joined on ``correlation``). A trace of one batch is done in numpy;
+a bigger one by DuckDB under a memory limit, spilling to the temp directory, so memory stays
+flat whatever the trace's size. Both give the same rows (tested)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from ..sql.safe import execute_one, literal, lock, sandbox
+from .arrow_build import numeric, repeated
+from .arrow_build import values as np_values
+from .fields import GPU_SIDE_CATS, LAUNCH_CATS
+
+DUCKDB_MEMORY = "256MB"
+"""DuckDB's budget for the second pass; beyond it, it spills to the temp directory."""
+GPU_SIDE = tuple(sorted(GPU_SIDE_CATS))
+LAUNCH = LAUNCH_CATS
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+_HOST = f"coalesce(cat, '') NOT IN {GPU_SIDE}"
+_STAGES = (
+    # ProfilerStep spans (a few per trace)
+    f"""CREATE TABLE spans AS
+        SELECT ts_us AS s, ts_us + dur_us AS e,
+               CAST(regexp_extract(name, '^ProfilerStep#([0-9]+)$', 1) AS BIGINT) AS step
+        FROM read_parquet({{first}}) WHERE regexp_matches(name, '^ProfilerStep#[0-9]+$')
+          AND {_HOST}""",
+    # host rows: the span that contains their start (narrow rows only)
+    f"""CREATE TABLE host AS
+        SELECT ev.i, ev.cat, ev.correlation,
+               CASE WHEN ev.ts_us <= sp.e THEN sp.step END AS step
+        FROM (SELECT i, ts_us, cat, correlation FROM read_parquet({{first}})
+              WHERE {_HOST}) ev
+        ASOF LEFT JOIN spans sp ON ev.ts_us >= sp.s""",
+    # device rows: the step of the runtime call that launched them
+    f"""CREATE TABLE launch AS
+        SELECT correlation, min_by(step, i) AS step FROM host
+        WHERE cat IN {LAUNCH} AND correlation >= 0 AND step IS NOT NULL
+        GROUP BY correlation""",
+    f"""CREATE TABLE steps AS
+        SELECT i, step FROM host WHERE step IS NOT NULL
+        UNION ALL
+        SELECT ev.i, l.step
+        FROM (SELECT i, correlation FROM read_parquet({{first}})
+              WHERE NOT ({_HOST}) AND correlation >= 0) ev
+        JOIN launch l USING (correlation)""",
+    # the wide rows once: joined with their step, sorted by time (spills when it must)
+    """COPY (
+        SELECT {trace_id} AS trace_id, s.step, ev.cat, ev.name, ev.ts_us, ev.dur_us, ev.pid,
+               ev.tid, ev.stream, ev.correlation, ev.external_id, ev.device, ev.args
+        FROM read_parquet({first}) ev LEFT JOIN steps s ON s.i = ev.i
+        ORDER BY ev.ts_us, ev.i
+    ) TO {out} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1048576)""",
+)
+
+
+def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
+    """Second pass: steps, time order and the final columns, by DuckDB in bounded memory.
+    In stages over narrow columns, with the intermediate tables in a database file in
+    ``tmp_dir``: only the last stage touches the wide rows (names, args), and it is a join
+    with a narrow table and a sort, both of which spill."""
+    import duckdb
+
+    con = duckdb.connect(str(tmp_dir / "steps.duckdb"))
+    names = {"first": literal(str(first)), "out": literal(str(out)),
+             "trace_id": literal(trace_id_)}
+    try:
+        # The trace id comes from the trace: quoted, one statement per stage, and DuckDB
+        # sees only the scratch files (sqlsafe).
+        sandbox(con, [tmp_dir, first.parent, out.parent], temp_dir=tmp_dir)
+        con.execute(f"SET memory_limit = '{DUCKDB_MEMORY}'")
+        con.execute("SET preserve_insertion_order = false")
+        con.execute("SET enable_progress_bar = false")
+        lock(con)
+        for sql in _STAGES:
+            execute_one(con, sql.format(**names))
+    finally:
+        con.close()
+
+
+def finish_in_memory(rb: pa.RecordBatch, trace_id_: str) -> pa.Table:
+    """The second pass of a one-batch trace, in numpy (same rules as the SQL)."""
+    cats = rb.column("cat").to_pylist()
+    names = rb.column("name").to_pylist()
+    ts = np_values(rb.column("ts_us"))
+    dur = np_values(rb.column("dur_us"))
+    corr = rb.column("correlation").to_pylist()
+    values, valid = steps_in_memory(cats, names, ts, dur, corr)
+    order = numeric(np.lexsort((np_values(rb.column("i")), ts)), pa.int64())
+    t = pa.Table.from_batches([rb]).drop_columns(["i"])
+    t = t.add_column(0, "step", numeric(values, pa.int64(), ~valid))
+    t = t.add_column(0, "trace_id", repeated(trace_id_, rb.num_rows))
+    return t.take(order)
+
+
+def steps_in_memory(cats: list[str | None], names: list[str], ts: np.ndarray,
+                    dur: np.ndarray, corrs: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(step values, valid mask): ProfilerStep#N containment for host rows, then the
+    launching runtime call's step for device rows (same correlation)."""
+    n = len(ts)
+    values = np.zeros(n, dtype=np.int64)
+    valid = np.zeros(n, dtype=bool)
+    step_rows = [
+        (i, int(m.group(1)))
+        for i, nm in enumerate(names)
+        if nm.startswith("ProfilerStep#") and (m := _STEP_RE.match(nm))
+        and cats[i] not in GPU_SIDE_CATS
+    ]
+    if not step_rows or n == 0:
+        return values, valid
+    idx = np.array([i for i, _ in step_rows])
+    nums = np.array([s for _, s in step_rows], dtype=np.int64)
+    starts = ts[idx]
+    ends = starts + dur[idx]
+    o = np.argsort(starts, kind="stable")
+    starts, ends, nums = starts[o], ends[o], nums[o]
+    gpu = np.fromiter((c in GPU_SIDE_CATS for c in cats), dtype=bool, count=n)
+    # Host rows: the step whose span contains the row's start (any thread: backward and
+    # data-loader threads run inside the main thread's ProfilerStep span).
+    k = np.searchsorted(starts, ts, side="right") - 1
+    inside = (k >= 0) & (ts <= ends[np.clip(k, 0, None)]) & ~gpu
+    values[inside] = nums[k[inside]]
+    valid[inside] = True
+    # Device rows: the step of the runtime call that launched them (same correlation id).
+    corr = np.fromiter((-1 if c is None else c for c in corrs), dtype=np.int64, count=n)
+    launch = valid & (corr >= 0) & np.fromiter((c in LAUNCH_CATS for c in cats), bool, n)
+    if launch.any():
+        lc, ls = corr[launch], values[launch]
+        lo = np.argsort(lc, kind="stable")
+        lc, ls = lc[lo], ls[lo]
+        want = gpu & (corr >= 0)
+        j = np.searchsorted(lc, corr[want])
+        jc = np.clip(j, 0, len(lc) - 1)
+        hit = lc[jc] == corr[want]
+        rows = np.flatnonzero(want)[hit]
+        values[rows] = ls[jc[hit]]
+        valid[rows] = True
+    return values, valid

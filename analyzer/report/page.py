@@ -1,0 +1,295 @@
+"""``tracealyze report``: one self-contained, offline, interactive HTML file per run.
+
+Pipeline: open the run (catalog) → findings (summary) → downsampled chart data (DuckDB, see
+``downsample``) → JSON embedded in a jinja2 page with plotly.js inlined. The page needs no
+network. Everything user code controls (names, messages, stack traces) is escaped: by jinja2
+autoescaping in HTML, by :func:`script_json` inside ``<script>``, and by ``figures.esc`` in
+text that plotly renders.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..diagnosis.findings import SEVERITIES
+from ..errors import ReportError, TracealyzeError
+from .context import ReportContext
+from .figures import Chart
+from .header import run_header
+from .text import format_evidence
+
+PLOTLY_FILE = "plotly-cartesian.min.js"
+PLOTLY_VERSION_FILE = "plotly-cartesian.VERSION.txt"
+MAX_DATA_BYTES = 2 * 1024 * 1024
+"""Budget of the embedded chart data (issue 4); charts are bounded well below it."""
+
+_SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                   "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def script_json(data: Any) -> str:
+    """JSON that is safe inside ``<script>``: no ``</script>`` (any case), ``<!--`` or line
+    separators can appear, because ``<``, ``>``, ``&``, U+2028 and U+2029 are \\u-escaped
+    (the JSON value is unchanged). NaN/Inf are refused: they are not JSON."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    for ch, rep in _SCRIPT_ESCAPES.items():
+        text = text.replace(ch, rep)
+    return text
+
+
+class Progress:
+    """A progress bar on stderr that appears only once the work has taken more than a second
+    (a small report stays silent). A timer draws it at that second even in the middle of a
+    long stage (the detectors on a big run), then each finished stage redraws it."""
+
+    def __init__(self, total: int, enabled: bool, stream: Any = None,
+                 delay_s: float = 1.0) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+        self.delay_s = delay_s
+        self.shown = False
+        self.label = "opening run"
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        if enabled and delay_s > 0:
+            self._timer = threading.Timer(delay_s, self._draw)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def step(self, label: str) -> None:
+        with self._lock:
+            self.done += 1
+            self.label = label
+        if self.enabled and time.perf_counter() - self.start >= self.delay_s:
+            self._draw()
+
+    def _draw(self) -> None:
+        with self._lock:
+            if self.done > self.total:
+                return
+            self.shown = True
+            width = 24
+            fill = round(width * self.done / self.total)
+            bar = (f"report [{'#' * fill}{'.' * (width - fill)}] "
+                   f"{self.done}/{self.total} {self.label}")
+            if self.tty:
+                self.stream.write("\r" + bar.ljust(72))
+            else:
+                self.stream.write(bar + "\n")
+            self.stream.flush()
+
+    def finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self.done = self.total + 1  # a late timer must not draw after this
+            if self.shown and self.tty:
+                self.stream.write("\n")
+                self.stream.flush()
+
+
+def _open_run(run_dir: Path) -> Any:
+    from ..run.catalog import open_run
+
+    return open_run(run_dir)
+
+
+def _build_summary(run: Any, overrides: Any) -> dict[str, Any]:
+    from ..diagnosis.summary import build_summary
+
+    return build_summary(run, overrides=overrides)
+
+
+def _training(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
+    from .charts.tensors import tensor_charts
+    from .charts.training import training_charts
+
+    return [("training", "Training", training_charts(ctx) + tensor_charts(ctx))]
+
+
+def _performance(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
+    from .charts.perf import perf_charts
+
+    perf = perf_charts(ctx)
+    per_rank = [c for c in perf if c.anchor.startswith("ranks")]
+    return [("performance", "Performance", [c for c in perf if c not in per_rank]),
+            ("ranks-section", f"Ranks ({len(ctx.ranks)})", per_rank)]
+
+
+def _profiler(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
+    from .charts.profiler import profiler_charts
+
+    return [("profiler-section", "Profiler", profiler_charts(ctx))]
+
+
+SECTIONS: tuple[tuple[str, Callable[[ReportContext], list[tuple[str, str, list[Chart]]]]],
+                ...] = (
+    ("training charts", _training),
+    ("performance charts", _performance),
+    ("profiler", _profiler),
+)
+"""The report's sections, in page order: (progress label, builder of (anchor, title,
+charts) sections). The events table and chart follow them. A new section is one entry."""
+
+STEPS: int = 3 + len(SECTIONS) + 1
+"""Progress steps of one report: open, findings, each section, events, render."""
+
+
+def collect(run: Any, findings: list[dict[str, Any]],
+            tick: Callable[[str], None] = lambda _label: None,
+            gpu_time: list[dict[str, Any]] | None = None,
+            not_checked: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Everything the template needs, from an open run, its findings, the summary's GPU
+    time breakdown (computed once, by the summary) and what could not be checked."""
+    from .events import event_rows, events_chart
+
+    ranks = sorted(int(r) for r in (run.ranks or [0]))
+    ctx = ReportContext(con=run.con, ranks=ranks, rank=ranks[0] if ranks else 0,
+                        knobs=dict((getattr(run, "meta", None) or {}).get("knobs") or {}),
+                        findings=findings,
+                        gpu_time=[r for r in (gpu_time or []) if r.get("total_us")])
+    sections: list[tuple[str, str, list[Chart]]] = []
+    for label, build in SECTIONS:
+        sections.extend(s for s in build(ctx) if s[2])
+        tick(label)
+    ev_chart = events_chart(ctx)
+    ev_rows, ev_groups, ev_total = event_rows(ctx)
+    tick("events")
+    charts = [c for _, _, cs in sections for c in cs]
+    if ev_chart:
+        charts.append(ev_chart)
+    anchors = {c.anchor for c in charts}
+    for f in findings:
+        f["_evidence"] = format_evidence(f.get("evidence") or {})
+        f["_link"] = f.get("chart") if f.get("chart") in anchors else None
+    return {
+        "header": run_header(run, ctx),
+        "findings": findings,
+        "not_checked": not_checked or [],
+        "sections": sections,
+        "events_chart": ev_chart,
+        "events": ev_rows, "event_groups": ev_groups, "event_total": ev_total,
+        "gpu_time": ctx.gpu_time,
+        "charts": charts,
+        "multi_rank": len(ranks) > 1,
+        "rank": ctx.rank,
+    }
+
+
+def _read_asset(name: str) -> str:
+    try:
+        return resources.files("tracealyze.templates").joinpath(name).read_text("utf-8")
+    except (FileNotFoundError, ModuleNotFoundError, OSError) as exc:
+        raise ReportError(f"report asset {name} is missing from the installation: {exc}") \
+            from exc
+
+
+def _environment() -> Any:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("tracealyze.templates", "."),
+        autoescape=True,  # everything, whatever the template's extension
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True, lstrip_blocks=True,
+    )
+
+
+def render(model: dict[str, Any], template_name: str = "report.html.j2") -> str:
+    """The page ``template_name`` for ``model`` (from :func:`collect`, or the compare
+    page's): the charts' JSON, plotly.js, the CSS and the page script inlined."""
+    from markupsafe import Markup
+
+    data = script_json({"charts": [c.to_json() for c in model["charts"]]})
+    if len(data.encode("utf-8")) > MAX_DATA_BYTES:
+        # Bounded by construction; this guards against a chart builder losing its bound.
+        raise ReportError(f"report data is {len(data) / 2**20:.1f} MiB, over the "
+                          f"{MAX_DATA_BYTES // 2**20} MiB budget (a bug: please report it)")
+    plotly_js = _read_asset(PLOTLY_FILE)
+    # Inlined as-is: it must not be able to end its own <script> element.
+    if "</script" in plotly_js.lower() or "<!--" in plotly_js:
+        raise ReportError(f"{PLOTLY_FILE} cannot be inlined safely")
+    version = _read_asset(PLOTLY_VERSION_FILE).split("\n", 1)[0].strip()
+    app_js = _read_asset("report.js")
+    template = _environment().get_template(template_name)
+    return template.render(
+        **model,
+        severities=SEVERITIES,
+        data_json=Markup(data),
+        plotly_js=Markup(plotly_js),
+        plotly_version=version,
+        css=Markup(_read_asset("report.css")),
+        app_js=Markup(app_js),
+        # Only these two inline scripts may run: an injected handler could not, even if some
+        # text escaped escaping (defence in depth).
+        script_hashes=Markup(" ".join(_csp_hash(js) for js in (plotly_js, app_js))),
+        generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
+
+
+def _csp_hash(script: str) -> str:
+    digest = hashlib.sha256(script.encode("utf-8")).digest()
+    return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
+
+
+def write_report(run_dir: Path, out: Path | None = None, *, overrides: Any = None,
+                 progress: bool = True) -> Path:
+    """Write the HTML report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``) and
+    return its path. Raises RunDirError for a bad run directory, ReportError otherwise; a
+    progress bar goes to stderr when it takes more than a second (``progress``)."""
+    run_dir = Path(run_dir)
+    out = Path(out) if out is not None else run_dir / "report.html"
+    bar = Progress(total=STEPS, enabled=progress)
+    try:
+        return _write_report(run_dir, out, overrides, bar)
+    finally:
+        bar.finish()
+
+
+def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Path:
+    run = _open_run(run_dir)
+    try:
+        bar.step("opened run")
+        summary = _build_summary(run, overrides)
+        # the summary's order: root causes first, each followed by what it explains
+        findings = [dict(f) for f in summary.get("findings", [])]
+        bar.step("findings")
+        model = collect(run, findings, bar.step, summary.get("gpu_time"),
+                        summary.get("not_checked"))
+    except TracealyzeError:  # RunDirError, ConfigError (bad overrides), ...: already clear
+        raise
+    except Exception as exc:
+        raise ReportError(f"could not build the report of {run_dir}: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        run.close()
+    html = render(model)
+    bar.step("rendered")
+    write_atomic(out, html)
+    return out
+
+
+def write_atomic(out: Path, text: str) -> None:
+    """Write via a temporary file and rename, so no half-written report is ever left."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise ReportError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc

@@ -1,0 +1,133 @@
+"""SQL built from a stranger's run directory, made safe in depth (docs/ANALYZER.md, "Untrusted
+run directories").
+
+A run directory is data. Column names come from Parquet footers, paths from directory
+listings, run ids from run.json: none of it may become SQL. Three layers, each enough alone
+against the known attacks:
+
+1. **Quoting.** A name is always an identifier quoted by doubling ``"`` (:func:`ident`), a
+   value always a literal quoted by doubling ``'`` (:func:`literal`); names never pass through
+   ``str.format`` (a column called ``{rank}`` stays a column called ``{rank}``).
+2. **One statement.** Every statement that carries data-derived text runs through
+   :func:`execute_one`, which parses it first and refuses anything but exactly one statement:
+   a ``"; COPY ... TO ...`` smuggled past layer 1 would be a second statement.
+3. **A sandboxed connection** (:func:`sandbox`, :func:`lock`): DuckDB may open files only in
+   the run directories of the command (``allowed_directories`` with
+   ``enable_external_access = false``); extensions are never installed or loaded
+   automatically; once the views exist the configuration is locked, so SQL cannot undo this.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import QueryError, RunDirError, one_line
+from .schema import TABLE_NAMES
+
+_SPILL_DIR: str | None = None
+
+READ_STATEMENTS = {"SELECT", "EXPLAIN"}
+"""Statements a user's ``query`` may run: reads only (a COPY ... TO could write a file)."""
+
+
+def ident(name: str) -> str:
+    """``name`` as a DuckDB identifier: double quotes, an inner ``"`` doubled (NUL, newlines
+    and 1 MB names included: tested)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(value: str) -> str:
+    """``value`` as a DuckDB string literal: single quotes, an inner ``'`` doubled."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def statement_count(con: Any, sql: str) -> int:
+    """How many statements DuckDB's parser finds in ``sql``."""
+    return len(con.extract_statements(sql))
+
+
+def execute_one(con: Any, sql: str) -> Any:
+    """Run ``sql`` if it is exactly one statement (the parser's word, not ours); RunDirError
+    otherwise. For every statement that carries text read from a run directory."""
+    import duckdb
+
+    try:
+        n = statement_count(con, sql)
+    except duckdb.Error as e:
+        raise RunDirError(f"cannot open the run's tables: {one_line(e)[:300]}") from e
+    if n != 1:
+        raise RunDirError(f"refusing SQL built from the run's files: {n} statements where "
+                          "one was built (a crafted column or file name?)")
+    return con.execute(sql)
+
+
+def spill_dir() -> str:
+    """A private directory (mode 0700, removed at exit) for DuckDB's spill files: never the
+    run we only read, and not the shared temp dir that a user's SQL could then list."""
+    global _SPILL_DIR
+    if _SPILL_DIR is None or not os.path.isdir(_SPILL_DIR):
+        _SPILL_DIR = tempfile.mkdtemp(prefix="tracealyze-spill-")
+        atexit.register(shutil.rmtree, _SPILL_DIR, True)
+    return _SPILL_DIR
+
+
+def sandbox(con: Any, allowed: Iterable[str | Path], *, allow_files: bool = False,
+            temp_dir: str | Path | None = None) -> None:
+    """Restrict ``con`` to reading ``allowed`` directories (and its spill dir: ``temp_dir``,
+    by default a private one); no extension is installed or loaded behind the user's back.
+    ``allow_files=True`` (``query --allow-files``) keeps external access on: the user's own
+    SQL may then read any file the user can."""
+    dirs = sorted({str(Path(p).resolve()) for p in allowed})
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute(f"SET temp_directory = {literal(str(temp_dir or spill_dir()))}")
+    if not allow_files:
+        listed = ", ".join(literal(d.rstrip(os.sep) + os.sep) for d in dirs)
+        con.execute(f"SET allowed_directories = [{listed}]")
+        con.execute("SET enable_external_access = false")
+
+
+def lock(con: Any) -> None:
+    """Freeze ``con``'s configuration: a ``SET`` in a user's query can no longer undo the
+    sandbox."""
+    con.execute("SET lock_configuration = true")
+
+
+def check_user_sql(con: Any, sql: str, allowed_kinds: set[str]) -> None:
+    """QueryError unless ``sql`` is one statement of one of ``allowed_kinds``."""
+    import duckdb
+
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(one_line(e)) from e
+    if len(statements) != 1:
+        raise QueryError(f"expected one SQL statement, got {len(statements)}")
+    kind = str(statements[0].type).rsplit(".", 1)[-1]
+    if kind not in allowed_kinds:
+        raise QueryError(f"only read statements (SELECT, DESCRIBE, ...) are allowed, "
+                         f"not {kind}: the analyzer never writes")
+
+
+def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one read-only SQL statement over ``con``: ``(column names, rows)``; QueryError
+    on failure or on anything but a read."""
+    import duckdb
+
+    check_user_sql(con, sql, READ_STATEMENTS)
+    try:
+        rel = con.execute(sql)
+        rows = rel.fetchall()
+        cols = [d[0] for d in rel.description] if rel.description else []
+    except duckdb.Error as e:
+        msg = one_line(e)
+        if "does not exist" in msg and ("Table" in msg or "table" in msg):
+            msg += f" (tables: {', '.join(TABLE_NAMES)})"
+        raise QueryError(msg) from e
+    return cols, rows

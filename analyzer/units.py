@@ -1,0 +1,15 @@
+"""How quantities are written for people: bytes in binary units (the summary, the report and
+the detectors' messages say the same thing the same way)."""
+
+from __future__ import annotations
+
+
+def fmt_bytes(n: float, spec: str = ".1f") -> str:
+    """1536 → '1.5 KiB'; keeps the sign (a shrinking counter); ``spec`` formats the number."""
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{sign}{n:{spec}} {unit}" if unit != "B" else f"{sign}{n:.0f} B"
+        n /= 1024
+    return f"{sign}{n:{spec}} TiB"
