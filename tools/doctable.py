@@ -19,14 +19,15 @@ START, END = "<!-- findings-table", "<!-- /findings-table -->"
 
 
 def findings_table() -> str:
-    """Markdown table: id, meaning, rule, default thresholds, typical fixes."""
+    """Markdown table: id, meaning, what it needs, rule, default thresholds, typical fixes."""
     mods, _ = base.discover()
-    rows = ["| id | meaning | rule | default thresholds | typical fixes |",
-            "|---|---|---|---|---|"]
+    rows = ["| id | meaning | needs | rule | default thresholds | typical fixes |",
+            "|---|---|---|---|---|---|"]
     for m in sorted(mods, key=lambda m: m.ID):
         doc = getattr(m, "DOC", {})
         defaults = ", ".join(f"`{k}={v}`" for k, v in m.DEFAULTS.items())
-        cells = [f"`{m.ID}`", doc.get("meaning", ""), doc.get("rule", ""), defaults,
+        needs = ", ".join(m.NEEDS) or "–"
+        cells = [f"`{m.ID}`", doc.get("meaning", ""), needs, doc.get("rule", ""), defaults,
                  doc.get("fixes", "")]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)

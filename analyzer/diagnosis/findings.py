@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import pkgutil
+from pathlib import Path
 from typing import Any
 
 from .display import MAX_NAME, MAX_TEXT, clip, clip_tree
@@ -10,15 +12,17 @@ from .display import MAX_NAME, MAX_TEXT, clip, clip_tree
 SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
 """Severity order, lowest first (DESIGN.md)."""
 
-FINDING_IDS: tuple[str, ...] = (
-    # The detector registry: each id is reported by the detector module of the same name in
-    # ``analyzer/detectors/`` (loaded in this order), so this tuple is the one list of ids.
-    "memory_leak", "gradient_explosion", "vanishing_gradient", "nonfinite", "loss_spike",
-    "loss_divergence", "loss_plateau", "dataloader_bottleneck", "step_time_outlier",
-    "straggler", "dead_activation", "update_ratio", "cuda_fragmentation", "gpu_idle",
-    "host_sync", "top_ops", "dropped_data", "training_crashed", "no_gradient",
-    "unused_module", "optimizer_coverage",
-)
+def _detector_ids(folder: Path | None = None) -> tuple[str, ...]:
+    """The detector registry, built from the folder: every public module of ``detectors/``
+    is the detector of the finding id it is named after (``detectors.base.discover`` checks
+    that its ``ID`` says the same). Adding a detector is adding its file."""
+    folder = folder or Path(__file__).with_name("detectors")
+    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(folder)])
+                        if not m.name.startswith("_") and m.name != "base"))
+
+
+FINDING_IDS: tuple[str, ...] = _detector_ids()
+"""Every finding id, one per detector module, in name order (the order detectors run)."""
 
 
 def severity_rank(severity: str) -> int:

@@ -37,6 +37,12 @@ def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
     )
 
 
+def _detectors() -> list[Any]:
+    from .detectors.base import discover
+
+    return discover()[0]
+
+
 def analyze(run: Run, overrides: Any = None, *,
             config_file: Path | str | None = None,
             cache: dict[str, Any] | None = None) -> list[Finding]:
@@ -117,7 +123,7 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
                 "killed": run.killed, "heartbeat_age_s": run.heartbeat_age_s()},
         "findings": [f.to_json() for f in findings],
         # what could not be checked, and why (a healthy verdict covers only the rest)
-        "not_checked": not_checked(run),
+        "not_checked": not_checked(run, _detectors()),
     }
     try:
         gpu = _gpu_time(run, cache)

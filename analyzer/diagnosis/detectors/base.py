@@ -1,16 +1,19 @@
 """The detector protocol, the analysis context and detector discovery.
 
-A detector is a module in ``tracealyze.analyzer.diagnosis.detectors`` named after the finding id it
-reports; ``findings.FINDING_IDS`` is the registry (adding a detector is adding its file and
-its id there; ``tests/analyzer/test_registry.py`` checks the two agree). It defines:
+A detector is a module in ``tracealyze.analyzer.diagnosis.detectors`` named after the finding
+id it reports; the registry (``findings.FINDING_IDS``) is built from this folder, so adding a
+detector is adding its file (``tests/analyzer/test_registry.py`` checks every file follows
+the protocol). It defines:
 
 * ``ID: str`` — the finding id it reports (its module name);
+* ``NEEDS: tuple[str, ...]`` — the data it reads, from ``coverage.CHECKS`` ("loss",
+  "gradients", ...): a run without it lists the detector under ``not_checked``;
 * ``DEFAULTS: dict[str, float | int | bool | str]`` — its documented thresholds; the user
   overrides them with ``--set <ID>.<key>=<value>`` or a config file;
 * ``def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]``.
 
 Optional: ``ALIASES: tuple[str, ...]`` (other names accepted in ``--set``), ``DOC: dict``
-with ``meaning``, ``rule`` and ``fixes`` (rendered into docs/ANALYZER.md).
+with ``meaning``, ``rule`` and ``fixes`` (rendered into README's findings table).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Detector(Protocol):
     """What a detector module looks like (for type checkers)."""
 
     ID: str
+    NEEDS: tuple[str, ...]
     DEFAULTS: dict[str, Any]
 
     def detect(self, ctx: Context, th: Mapping[str, Any]) -> list[Finding]: ...
@@ -88,9 +92,10 @@ def discover() -> tuple[list[ModuleType], list[LoadError]]:
             errors.append(LoadError(det_id, f"{type(e).__name__}: {e}"))
             continue
         if not (getattr(mod, "ID", None) == det_id
+                and isinstance(getattr(mod, "NEEDS", None), tuple)
                 and isinstance(getattr(mod, "DEFAULTS", None), dict)
                 and callable(getattr(mod, "detect", None))):
-            errors.append(LoadError(det_id, "does not define ID, DEFAULTS and detect()"))
+            errors.append(LoadError(det_id, "does not define ID, NEEDS, DEFAULTS and detect()"))
             continue
         mods.append(mod)
     return mods, errors

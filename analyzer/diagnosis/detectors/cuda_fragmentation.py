@@ -12,6 +12,7 @@ from ..findings import Finding
 from .base import Context
 
 ID = "cuda_fragmentation"
+NEEDS: tuple[str, ...] = ("memory",)
 DEFAULTS: dict[str, Any] = {
     "max_reserved_ratio": 2.0,      # median reserved / allocated above this ...
     "min_gap_bytes": 1073741824,    # ... with at least 1 GiB reserved but unused

@@ -13,6 +13,7 @@ from . import _data
 from .base import Context
 
 ID = "dataloader_bottleneck"
+NEEDS: tuple[str, ...] = ("data loading",)
 DEFAULTS: dict[str, Any] = {
     "warmup_steps": 3,      # first batches include worker start-up
     "warn_share": 0.25,     # data_wait_s / duration_s over the run ≥ this → warning

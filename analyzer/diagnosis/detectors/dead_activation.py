@@ -13,6 +13,7 @@ from . import _data
 from .base import Context
 
 ID = "dead_activation"
+NEEDS: tuple[str, ...] = ("NaN origin by module",)
 DEFAULTS: dict[str, Any] = {
     "window_frac": 0.5,    # last half of the run
     "min_zero_frac": 0.99,  # mean share of exact zeros in the module's output

@@ -10,6 +10,7 @@ from ..findings import Finding
 from .base import Context
 
 ID = "dropped_data"
+NEEDS: tuple[str, ...] = ()
 DEFAULTS: dict[str, Any] = {
     "max_dropped_rows": 0,      # more dropped rows than this → warning
     "max_recorder_errors": 0,   # more recorder errors than this → warning

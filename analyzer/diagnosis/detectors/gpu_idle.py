@@ -16,6 +16,7 @@ from .. import anchors
 from ..findings import Finding
 
 ID = "gpu_idle"
+NEEDS: tuple[str, ...] = ()
 RANK_KEY = "idle_pct"  # folded per rank on many-rank jobs by this (rank_groups)
 
 DEFAULTS: dict[str, Any] = {

@@ -21,6 +21,7 @@ from . import _changes, _data
 from .base import Context
 
 ID = "gradient_explosion"
+NEEDS: tuple[str, ...] = ("gradients",)
 BROAD = 0.5
 """The growth is the whole model's (subject: the total norm) when at least this share of
 the tensors explode with it."""

@@ -27,6 +27,7 @@ from .. import anchors
 from ..findings import Finding
 
 ID = "host_sync"
+NEEDS: tuple[str, ...] = ()
 RANK_KEY = "blocked_pct"  # folded per rank on many-rank jobs by this (rank_groups)
 
 DEFAULTS: dict[str, Any] = {

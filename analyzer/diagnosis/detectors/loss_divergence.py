@@ -14,6 +14,7 @@ from . import _changes, _data
 from .base import Context
 
 ID = "loss_divergence"
+NEEDS: tuple[str, ...] = ("loss",)
 MAX_POINTS = 2000
 DEFAULTS: dict[str, Any] = {
     "smooth_frac": 0.02,   # rolling-median window as a share of the steps ...

@@ -17,6 +17,7 @@ from . import _changes, _data, _structure
 from .base import Context
 
 ID = "loss_plateau"
+NEEDS: tuple[str, ...] = ("loss",)
 DEFAULTS: dict[str, Any] = {
     "min_steps": 50,            # need at least this many loss values
     "window_frac": 0.2,         # a plateau lasts at least this share of the run ...

@@ -14,6 +14,7 @@ from . import _changes, _data
 from .base import Context
 
 ID = "loss_spike"
+NEEDS: tuple[str, ...] = ("loss",)
 DEFAULTS: dict[str, Any] = {
     "window": 51,          # centred rolling-median window (steps) for the local level
     "z": 8.0,              # spike: loss − local median > z × robust σ of the residuals ...

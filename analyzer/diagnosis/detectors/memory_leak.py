@@ -22,6 +22,7 @@ from . import _data
 from .base import Context
 
 ID = "memory_leak"
+NEEDS: tuple[str, ...] = ("memory",)
 ALIASES = ("leak",)
 DEFAULTS: dict[str, Any] = {
     "warmup_frac": 0.1,          # skip this share of the steps (allocator/caches settle) ...

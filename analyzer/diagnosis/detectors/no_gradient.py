@@ -18,6 +18,7 @@ from . import _data, _structure
 from .base import Context
 
 ID = "no_gradient"
+NEEDS: tuple[str, ...] = ()
 DEFAULTS: dict[str, Any] = {
     "min_steps": 2,  # gradients must have been read at this many recorded steps (a run
                      # stopped after its first step has not shown which branches train)

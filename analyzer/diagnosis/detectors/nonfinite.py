@@ -19,6 +19,7 @@ from . import _changes, _data
 from .base import Context
 
 ID = "nonfinite"
+NEEDS: tuple[str, ...] = ("NaN origin by module",)
 DEFAULTS: dict[str, Any] = {
     "amp_skip_frac": 0.05,   # with AMP, more than this share of skipped steps → warning
 }

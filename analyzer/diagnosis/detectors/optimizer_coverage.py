@@ -18,6 +18,7 @@ from . import _structure, no_gradient
 from .base import Context
 
 ID = "optimizer_coverage"
+NEEDS: tuple[str, ...] = ()
 DEFAULTS: dict[str, Any] = {}
 DOC = {
     "meaning": "Trainable parameters that no optimizer param group holds (error), or frozen "

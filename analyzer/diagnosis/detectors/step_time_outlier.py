@@ -14,6 +14,7 @@ from . import _data
 from .base import Context
 
 ID = "step_time_outlier"
+NEEDS: tuple[str, ...] = ("step time",)
 DEFAULTS: dict[str, Any] = {
     "warmup_steps": 3,        # compilation / cudnn autotune / first batches are slow
     "z": 6.0,                 # outlier: duration − median > z × robust σ ...

@@ -27,6 +27,7 @@ from . import _data
 from .base import Context
 
 ID = "straggler"
+NEEDS: tuple[str, ...] = ("step time",)
 DEFAULTS: dict[str, Any] = {
     "warmup_steps": 3,
     "min_rel_slowdown": 0.2,   # rank's median step ≥ (1 + this) × the others' median

@@ -19,6 +19,7 @@ from .. import anchors
 from ..findings import Finding
 
 ID = "top_ops"
+NEEDS: tuple[str, ...] = ()
 
 DEFAULTS: dict[str, Any] = {
     "top_n": 10,

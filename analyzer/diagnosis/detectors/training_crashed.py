@@ -12,6 +12,7 @@ from ..findings import Finding
 from .base import Context
 
 ID = "training_crashed"
+NEEDS: tuple[str, ...] = ()
 DEFAULTS: dict[str, Any] = {
     "stale_after_s": 0.0,   # heartbeat age that means "killed"; 0 = 3 flushes + 30 s
 }

@@ -18,6 +18,7 @@ from . import _structure, no_gradient
 from .base import Context
 
 ID = "unused_module"
+NEEDS: tuple[str, ...] = ()
 DEFAULTS: dict[str, Any] = {
     "min_steps": 2,  # as no_gradient: enough recorded steps to have seen the branches
 }

@@ -14,6 +14,7 @@ from . import _data
 from .base import Context
 
 ID = "update_ratio"
+NEEDS: tuple[str, ...] = ()
 DEFAULTS: dict[str, Any] = {
     "window_frac": 0.5,    # judge the last half of the run (zero-init biases settle first)
     "high": 0.1,           # geometric-mean ratio above this: the LR is far too high

@@ -16,6 +16,7 @@ from . import _changes, _data, _structure
 from .base import Context
 
 ID = "vanishing_gradient"
+NEEDS: tuple[str, ...] = ("gradients",)
 DEFAULTS: dict[str, Any] = {
     "window_frac": 0.5,        # look at the last half of the run
     "max_grad_weight": 1e-5,   # ‖grad‖ / ‖weight‖ below this ...
