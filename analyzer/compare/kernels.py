@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 
 from ..gpu.gputime import STEP_SPAN, gpu_time_breakdown, gpu_time_by_step, has_trace_events
+from ..gpu.vocabulary import GPU_ACTIVITY_SQL, KERNEL_SQL, LAUNCH_SQL
 from .metrics import Metric
 from .stats import shifted
 
-KINDS_SQL = """CASE WHEN cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') THEN 'kernel'
+KINDS_SQL = f"""CASE WHEN cat IN {GPU_ACTIVITY_SQL} THEN {KERNEL_SQL}
                     WHEN cat = 'cpu_op' THEN 'op'
-                    WHEN cat IN ('cuda_runtime', 'cuda_driver') THEN 'runtime' END"""
+                    WHEN cat IN {LAUNCH_SQL} THEN 'runtime' END"""
 TOP_PER_KIND = 25
 FLOOR_FRAC = 0.002     # a timing change under 0.2% of the base's profiled step is not listed
 MIN_TESTED = 8         # per-step samples each side for the Mann-Whitney test
@@ -51,8 +52,7 @@ class TraceData:
         if not has_trace_events(con):
             return None
         (n_gpu,) = con.execute(
-            "SELECT count(*) FROM trace_events WHERE cat IN "
-            "('kernel', 'gpu_memcpy', 'gpu_memset')").fetchone()
+            f"SELECT count(*) FROM trace_events WHERE cat IN {GPU_ACTIVITY_SQL}").fetchone()
         if not n_gpu:
             return None
         spans = con.execute(
@@ -73,7 +73,7 @@ class TraceData:
             f"WHERE {where} AND kind IS NOT NULL GROUP BY ALL").fetchall()}
         k_rows = con.execute(
             f"SELECT sum(dur_us), count(*) FROM trace_events WHERE {where} AND cat IN "
-            f"('kernel', 'gpu_memcpy', 'gpu_memset') GROUP BY {key}").fetchall()
+            f"{GPU_ACTIVITY_SQL} GROUP BY {key}").fetchall()
         per_step = {"kernel_time_us": np.array([r[0] or 0.0 for r in k_rows], np.float64),
                     "kernel_launches": np.array([r[1] for r in k_rows], np.float64)}
         if by_step:

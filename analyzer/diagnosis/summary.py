@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..gpu.vocabulary import GPU_ACTIVITY_SQL
 from ..run.catalog import Run, open_run
 from .causality import link
 from .coverage import not_checked
@@ -21,7 +22,6 @@ from .findings import SEVERITIES, Finding, severity_rank
 from .rank_groups import LIMIT, fold_per_rank, rank_ranges
 
 SUMMARY_SCHEMA_VERSION = 1
-_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
@@ -93,7 +93,7 @@ def clean_json(value: Any) -> Any:
 
 def _gpu_time(run: Run, cache: dict[str, Any]) -> list[dict[str, Any]] | None:
     (n,) = run.con.execute(
-        "SELECT count(*) FROM trace_events WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset')"
+        f"SELECT count(*) FROM trace_events WHERE cat IN {GPU_ACTIVITY_SQL}"
     ).fetchone()
     if not n:
         return None

@@ -24,6 +24,7 @@ from typing import Any
 import duckdb
 
 from .gputime import has_trace_events
+from .vocabulary import KERNEL_SQL
 
 DATALOADER_PCT = 5.0
 COMMUNICATION_PCT = 10.0
@@ -74,7 +75,7 @@ def recommendations(con: duckdb.DuckDBPyConnection, overview: list[dict[str, Any
     if not has_trace_events(con):
         return out
     for rank, devices in con.execute(
-            "SELECT rank, count(DISTINCT device) FROM trace_events WHERE cat = 'kernel' "
+            f"SELECT rank, count(DISTINCT device) FROM trace_events WHERE cat = {KERNEL_SQL} "
             "AND device IS NOT NULL GROUP BY rank, trace_id, pid HAVING count(DISTINCT device) > 1 "
             "ORDER BY rank LIMIT 1").fetchall():
         add("data_parallel", int(rank), float(devices), 1.0,
@@ -83,7 +84,7 @@ def recommendations(con: duckdb.DuckDBPyConnection, overview: list[dict[str, Any
             "process per GPU.")
     (gloo, gpu) = con.execute(
         "SELECT count(*) FILTER (WHERE name LIKE 'gloo:%'), "
-        "count(*) FILTER (WHERE cat = 'kernel') FROM trace_events").fetchone()
+        f"count(*) FILTER (WHERE cat = {KERNEL_SQL}) FROM trace_events").fetchone()
     if gloo and gpu:
         add("ddp_without_nccl", None, float(gloo), 0.0,
             f"{gloo} collectives go through gloo while the model trains on GPUs: "
@@ -104,7 +105,7 @@ def recommendations(con: duckdb.DuckDBPyConnection, overview: list[dict[str, Any
         f"SELECT sum(dur_us) FILTER (WHERE regexp_matches(name, '{_MATMUL}')), "
         f"sum(dur_us) FILTER (WHERE regexp_matches(name, '{_MATMUL}') "
         f"AND regexp_matches(name, '{_TENSOR_CORE}')), sum(dur_us) "
-        "FROM trace_events WHERE cat = 'kernel' AND NOT starts_with(name, 'Cijk_')"
+        f"FROM trace_events WHERE cat = {KERNEL_SQL} AND NOT starts_with(name, 'Cijk_')"
     ).fetchone()
     if total and mm and 100.0 * mm / total >= MATMUL_SHARE_PCT and not tc:
         add("tensor_cores_unused", None, 100.0 * mm / total, MATMUL_SHARE_PCT,

@@ -24,6 +24,8 @@ from typing import Any
 
 import duckdb
 
+from .vocabulary import GPU_ACTIVITY_SQL, GPU_SIDE_SQL, LAUNCH_SQL
+
 # Kernel classes (HTA 0.5 utils: NCCL_KERNEL_RE, MEMORY_KERNEL_RE, NCCL_COMPUTE_KERNEL_RE).
 # Python's re.match anchors at the start; RE2's regexp_matches searches, hence the explicit
 # '^' and the dropped leading '.*'.
@@ -31,8 +33,7 @@ COMM_RE = r"^nccl.*Kernel"
 MEMORY_RE = r"^(Memcpy|Memset|dma)"
 NON_COMPUTE_RE = r"^nccl.*Kernel|Memcpy|^Memset|Sync"
 
-STEP_SPAN = ("name LIKE 'ProfilerStep#%' AND cat NOT IN ('kernel', 'gpu_memcpy', "
-             "'gpu_memset', 'gpu_user_annotation', 'cuda_sync')")
+STEP_SPAN = f"name LIKE 'ProfilerStep#%' AND cat NOT IN {GPU_SIDE_SQL}"
 """A ProfilerStep span of the host (its GPU-side copies are not step spans)."""
 
 _ACTIVITY_SQL = f"""
@@ -49,7 +50,7 @@ steps AS (  -- per trace: how many ProfilerStep spans, and where the last one en
 launch AS (
     SELECT rank, trace_id, correlation, min(ts_us) AS launch_ts
     FROM te
-    WHERE cat IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+    WHERE cat IN {LAUNCH_SQL} AND correlation IS NOT NULL
     GROUP BY ALL
 ),
 t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM te GROUP BY ALL),
@@ -71,7 +72,7 @@ act AS (
     LEFT JOIN steps st ON st.rank = a.rank AND st.trace_id = a.trace_id
     LEFT JOIN launch l
         ON l.rank = a.rank AND l.trace_id = a.trace_id AND l.correlation = a.correlation
-    WHERE a.cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND a.dur_us IS NOT NULL
+    WHERE a.cat IN {GPU_ACTIVITY_SQL} AND a.dur_us IS NOT NULL
       AND {{keep}}
 )
 """

@@ -23,9 +23,16 @@ from typing import Any
 import duckdb
 
 from .gputime import COMM_RE, STEP_SPAN, UNION_SQL, has_trace_events
+from .vocabulary import (
+    GPU_ACTIVITY_SQL,
+    KERNEL_SQL,
+    LAUNCH_SQL,
+    MEMCPY_SQL,
+    MEMSET_SQL,
+    OVERVIEW,
+)
 
-CATEGORIES = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader",
-              "cpu_exec")
+CATEGORIES = OVERVIEW
 
 _SQL = f"""
 WITH spans AS (
@@ -37,20 +44,20 @@ WITH spans AS (
 iv AS (
     SELECT rank, trace_id, ts_us AS s, ts_us + dur_us AS e,
         CASE
-            WHEN cat = 'kernel' AND regexp_matches(name, '{COMM_RE}') THEN 4
-            WHEN cat = 'kernel' THEN 1
-            WHEN cat = 'gpu_memcpy' THEN 2
-            WHEN cat = 'gpu_memset' THEN 3
+            WHEN cat = {KERNEL_SQL} AND regexp_matches(name, '{COMM_RE}') THEN 4
+            WHEN cat = {KERNEL_SQL} THEN 1
+            WHEN cat = {MEMCPY_SQL} THEN 2
+            WHEN cat = {MEMSET_SQL} THEN 3
             WHEN cat IN ('cpu_op', 'user_annotation')
                  AND (name LIKE 'nccl:%' OR name LIKE 'c10d::%'
                       OR name = 'record_param_comms') THEN 4
-            WHEN cat IN ('cuda_runtime', 'cuda_driver') THEN 5
+            WHEN cat IN {LAUNCH_SQL} THEN 5
             WHEN cat IN ('cpu_op', 'user_annotation', 'python_function')
                  AND name ILIKE '%DataLoader%' THEN 6
             WHEN cat IN ('cpu_op', 'user_annotation') AND name NOT LIKE 'ProfilerStep#%'
                 THEN 7
         END AS p,
-        cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AS on_gpu
+        cat IN {GPU_ACTIVITY_SQL} AS on_gpu
     FROM trace_events
     WHERE dur_us > 0
 ),

@@ -20,13 +20,14 @@ import duckdb
 import numpy as np
 
 from .gputime import COMM_RE, STEP_SPAN, has_trace_events
+from .vocabulary import KERNEL_SQL
 
 _SQL = f"""
 WITH comm AS (
     SELECT rank, step, name, dur_us,
         row_number() OVER (PARTITION BY rank, step, name ORDER BY ts_us) AS seq
     FROM trace_events
-    WHERE cat = 'kernel' AND step IS NOT NULL AND dur_us IS NOT NULL
+    WHERE cat = {KERNEL_SQL} AND step IS NOT NULL AND dur_us IS NOT NULL
       AND regexp_matches(name, '{COMM_RE}')
 ),
 spans AS (  -- the step's length on each rank: its ProfilerStep span

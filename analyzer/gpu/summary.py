@@ -13,10 +13,10 @@ from typing import Any
 
 import duckdb
 
-from ..run.memo import shared
 from .gputime import gpu_time_breakdown, gpu_time_by_step
 from .idle import idle_breakdown
 from .launch import launch_stats_both
+from .memo import shared
 from .overlap import comm_comp_overlap
 from .overview import CATEGORIES, step_overview
 

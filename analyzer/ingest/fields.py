@@ -10,6 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..gpu import vocabulary
+
 try:  # orjson serialises the kept args ~4x faster than the standard library
     import orjson
 
@@ -41,31 +43,17 @@ TRACE_EVENTS_SCHEMA = pa.schema(
 )
 """FORMAT.md trace_events columns, in order, plus ``rank``."""
 
-GPU_ACTIVITY_CATS: tuple[str, ...] = ("kernel", "gpu_memcpy", "gpu_memset")
+GPU_ACTIVITY_CATS: tuple[str, ...] = vocabulary.GPU_ACTIVITY
 """Categories that are work on the device (DESIGN 'GPU time breakdown')."""
 
-GPU_SIDE_CATS: frozenset[str] = frozenset(
-    (*GPU_ACTIVITY_CATS, "cuda_sync", "gpu_user_annotation")
-)
+GPU_SIDE_CATS: frozenset[str] = frozenset(vocabulary.GPU_SIDE)
 """Categories drawn on the device timeline; their step comes from the launching event."""
 
-LAUNCH_CATS: tuple[str, ...] = ("cuda_runtime", "cuda_driver")
+LAUNCH_CATS: tuple[str, ...] = vocabulary.LAUNCH
 """Host-side API calls that carry the correlation id of the device work they launch."""
 
-# Old (PyTorch 1.8-1.10) Kineto traces and some ROCm builds use other spellings of the same
-# categories. They are stored under the current names so one set of queries fits all traces.
-CAT_ALIASES: dict[str, str] = {
-    "Kernel": "kernel",
-    "Memcpy": "gpu_memcpy",
-    "Memset": "gpu_memset",
-    "Runtime": "cuda_runtime",
-    "Driver": "cuda_driver",
-    "Operator": "cpu_op",
-    "hip_runtime": "cuda_runtime",
-    "hip_driver": "cuda_driver",
-    "gpu_kernel": "kernel",
-    "Sync": "cuda_sync",
-}
+CAT_ALIASES: dict[str, str] = vocabulary.ALIASES
+"""Other spellings of the same categories, stored under the current names."""
 
 # Keys promoted to columns (or pure bookkeeping) are not repeated in the args JSON.
 PROMOTED_ARGS = frozenset(("stream", "correlation", "External id", "device", "Ev Idx"))

@@ -4,6 +4,7 @@ TYPE_CHECKING ones included), small modules, and the format module free of torch
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,13 +106,14 @@ def test_format_imports_neither_torch_nor_duckdb() -> None:
 
 # The analyzer's layers, lowest first: a module may import its own layer and the layers
 # below it, never one above (a path says what the code is, and no arrow runs back up).
-ANALYZER_LAYERS = ["errors", "units", "sql", "stats", "ingest", "run", "gpu", "diagnosis",
+ANALYZER_LAYERS = ["errors", "units", "sql", "stats", "gpu", "ingest", "run", "diagnosis",
                    "report", "compare", "record", "cli"]
 """``units`` and ``errors`` are shared by all; ``sql`` is how every query is made safe;
 ``stats`` holds the robust statistics and the step-time outlier rule that detectors, charts
 and ``compare`` share;
-``ingest`` turns profiler JSON into ``trace_events``; ``run`` opens run directories (raw traces
-in them through ``ingest``); ``gpu`` analyses traces; ``diagnosis`` runs the detectors;
+``gpu`` analyses the ``trace_events`` table and holds its GPU vocabulary (which ``ingest``
+writes with); ``ingest`` turns profiler JSON into ``trace_events``; ``run`` opens run
+directories (raw traces in them through ``ingest``); ``diagnosis`` runs the detectors;
 ``report`` draws a run, ``compare`` two; ``record`` and ``cli`` are the commands."""
 ANALYZER_TOP = {"__init__", "cli", "record", "errors", "units"}
 
@@ -143,3 +145,22 @@ def test_analyzer_imports_point_only_downward() -> None:
             if dst is not None and rank[dst] > rank[src]:
                 bad.append(f"{m} -> {t}")
     assert not bad, "imports that point up a layer:\n" + "\n".join(sorted(bad))
+
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation",
+                  "cuda_runtime", "cuda_driver")
+
+
+def test_gpu_categories_are_spelled_only_in_the_vocabulary() -> None:
+    quoted = re.compile("'(" + "|".join(GPU_CATEGORIES) + ")'")
+    vocabulary = REPO / "analyzer" / "gpu" / "vocabulary.py"
+    bad = []
+    for f in sorted((REPO / "analyzer").rglob("*.py")):
+        if f == vocabulary:
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    node.value in GPU_CATEGORIES or quoted.search(node.value)):
+                bad.append(f"{f.relative_to(REPO)}:{node.lineno}")
+    assert not bad, "GPU categories spelled outside gpu/vocabulary.py: " + ", ".join(bad)
+    assert quoted.search(ast.literal_eval("'''('kernel')'''"))  # the pattern sees SQL

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...gpu.gputime import gpu_time_breakdown, gpu_time_by_step
-from ...run.memo import shared
+from ...gpu.memo import shared
 from .. import anchors
 from ..findings import Finding
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ...gpu.vocabulary import GPU_OR_LAUNCH_SQL, GPU_SIDE_SQL, LAUNCH_SQL, MEMCPY_SQL, SYNC_SQL
 from .. import anchors
 from ..findings import Finding
 
@@ -52,25 +53,23 @@ DOC = {
              "non_blocking=True copies to pinned memory.",
 }
 
-_SITES_SQL = """
+_SITES_SQL = f"""
 WITH te AS (SELECT * FROM trace_events),
 gpu_traces AS (
     SELECT rank, trace_id,
         count(DISTINCT name) FILTER (WHERE name LIKE 'ProfilerStep#%'
-                                     AND cat NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset',
-                                                     'gpu_user_annotation', 'cuda_sync'))
+                                     AND cat NOT IN {GPU_SIDE_SQL})
             AS n_steps
     FROM te GROUP BY ALL
-    HAVING bool_or(cat IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'cuda_runtime',
-                           'cuda_driver'))
+    HAVING bool_or(cat IN {GPU_OR_LAUNCH_SQL})
 ),
 d2h AS (
     SELECT DISTINCT rank, trace_id, correlation FROM te
-    WHERE cat = 'gpu_memcpy' AND name LIKE 'Memcpy DtoH%' AND correlation IS NOT NULL
+    WHERE cat = {MEMCPY_SQL} AND name LIKE 'Memcpy DtoH%' AND correlation IS NOT NULL
 ),
 synced AS (
     SELECT DISTINCT rank, trace_id, correlation FROM te
-    WHERE cat = 'cuda_sync' AND name <> 'Stream Wait Event' AND correlation IS NOT NULL
+    WHERE cat = {SYNC_SQL} AND name <> 'Stream Wait Event' AND correlation IS NOT NULL
 )
 SELECT te.rank, te.trace_id, te.step, te.cat, te.name, te.ts_us, te.dur_us, te.pid, te.tid,
        g.n_steps
@@ -81,7 +80,7 @@ LEFT JOIN d2h ON d2h.rank = te.rank AND d2h.trace_id = te.trace_id
 LEFT JOIN synced sy ON sy.rank = te.rank AND sy.trace_id = te.trace_id
                    AND sy.correlation = te.correlation
 WHERE (te.cat = 'cpu_op' AND te.name IN ('aten::_local_scalar_dense', 'aten::item'))
-   OR (te.cat IN ('cuda_runtime', 'cuda_driver') AND (
+   OR (te.cat IN {LAUNCH_SQL} AND (
           regexp_matches(te.name, '^(cuda|hip)(Device|Stream|Event)Synchronize')
           OR (te.name IN ('cudaMemcpy', 'hipMemcpy', 'hipMemcpyWithStream')
               AND d2h.correlation IS NOT NULL)
@@ -102,18 +101,17 @@ WHERE te.cat IN ('cpu_op', 'user_annotation', 'python_function')
 ORDER BY s.i, te.ts_us, te.dur_us DESC
 """
 
-_STEP_TIME_SQL = """
+_STEP_TIME_SQL = f"""
 SELECT rank, count(DISTINCT (trace_id, name)) AS n, sum(dur_us) AS us
 FROM trace_events
-WHERE name LIKE 'ProfilerStep#%' AND cat NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset',
-                                                 'gpu_user_annotation', 'cuda_sync')
+WHERE name LIKE 'ProfilerStep#%' AND cat NOT IN {GPU_SIDE_SQL}
 GROUP BY rank
 """
 
-_SPAN_SQL = """
+_SPAN_SQL = f"""
 SELECT rank, sum(span) FROM (
     SELECT rank, trace_id, max(ts_us + dur_us) - min(ts_us) AS span FROM trace_events
-    WHERE cat NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation', 'cuda_sync')
+    WHERE cat NOT IN {GPU_SIDE_SQL}
     GROUP BY ALL)
 GROUP BY rank
 """

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ...gpu.gputime import has_trace_events
+from ...gpu.memo import shared
 from ...gpu.stragglers import collective_lateness, trace_stragglers
-from ...run.memo import shared
 from .. import anchors
 from ..findings import Finding
 from . import _data

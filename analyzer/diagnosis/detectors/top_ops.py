@@ -13,8 +13,9 @@ import numpy as np
 
 from ...gpu.advice import recommendations
 from ...gpu.gputime import gpu_time_breakdown
+from ...gpu.memo import shared
 from ...gpu.overview import CATEGORIES, step_overview
-from ...run.memo import shared
+from ...gpu.vocabulary import GPU_ACTIVITY_SQL, LAUNCH, sql_in
 from .. import anchors
 from ..findings import Finding
 
@@ -37,17 +38,17 @@ DOC = {
              "memory > 90%), each with its numbers.",
 }
 
-_HOST_TREE_SQL = """
+_HOST_TREE_SQL = f"""
 SELECT rank, trace_id, pid, tid, cat, name, ts_us, dur_us
 FROM trace_events
-WHERE cat IN ('cpu_op', 'cuda_runtime', 'cuda_driver') AND dur_us IS NOT NULL
+WHERE cat IN {sql_in(("cpu_op", *LAUNCH))} AND dur_us IS NOT NULL
 ORDER BY rank, trace_id, pid, tid, ts_us, dur_us DESC
 """
 
-_KERNELS_SQL = """
+_KERNELS_SQL = f"""
 SELECT name, count(*) AS n, sum(dur_us) AS total_us
 FROM trace_events
-WHERE cat IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND dur_us IS NOT NULL
+WHERE cat IN {GPU_ACTIVITY_SQL} AND dur_us IS NOT NULL
 GROUP BY name ORDER BY total_us DESC
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...gpu.vocabulary import KERNEL, KERNEL_SQL
 from ..context import ReportContext
 from ..downsample import num
 from ..figures import BLUE, GREEN, GREY, ORANGE, PURPLE, RED, Chart, esc, figure, short
@@ -24,8 +25,8 @@ def profiler_charts(ctx: ReportContext) -> list[Chart]:
                "counted in their parents too).")
     if ops:
         charts.append(ops)
-    kernels = _top(ctx, "cat = 'kernel'", "profiler-kernels", "Top GPU kernels by total time",
-                   "kernel", PURPLE,
+    kernels = _top(ctx, f"cat = {KERNEL_SQL}", "profiler-kernels",
+                   "Top GPU kernels by total time", KERNEL, PURPLE,
                    "Sum of kernel durations over all profiled steps, ranks and streams.")
     if kernels:
         charts.append(kernels)
