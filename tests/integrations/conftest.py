@@ -3,10 +3,4 @@ tests/matrix, and the zero-code runner. Helpers come from tests/recorder/rec_hel
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[2]
-for p in (str(_ROOT / "tests" / "recorder"), str(_ROOT)):
-    if p not in sys.path:
-        sys.path.insert(0, p)

@@ -3,17 +3,11 @@ subprocesses too)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-from rec_helpers import tiny_model  # noqa: E402
+from rec_helpers import tiny_model
 
 
 @pytest.fixture

@@ -8,15 +8,12 @@ two ranks (one a straggler), a profiler trace, and hostile names and messages.
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 _ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
 
 from tests.runfactory import make_run  # noqa: E402
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from tests.report.test_report import chart, data_of, page
 from tests.runfactory import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 from multirank_jobs import assembled_job  # noqa: E402
 
 MIB = 2**20

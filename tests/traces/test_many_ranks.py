@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,9 @@ from tracealyze.analyzer.ingest.read import read_trace
 from tracealyze.analyzer.run.catalog import open_run
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
 from multirank_jobs import assembled_job, synthetic_job  # noqa: E402
-from runfactory import make_run  # noqa: E402
+
+from tests.runfactory import make_run  # noqa: E402
 
 
 @pytest.mark.parametrize(("name", "rank"), [

@@ -3,7 +3,6 @@ seven recommendations, on hand-built traces whose answers are known."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from tracealyze.analyzer.gpu.overview import CATEGORIES, step_overview
 from tracealyze.analyzer.ingest.importer import import_traces
 from tracealyze.analyzer.ingest.read import read_trace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from runfactory import make_run
+from tests.runfactory import make_run
 
 
 def _k(name: str, ts: float, dur: float, corr: int, *, cat: str = "kernel", device: int = 0,
