@@ -1,6 +1,6 @@
 """The figures `tracealyze compare` lines up: per-run samples read once from each run's views,
 then one :class:`Metric` per figure with its direction and its significance
-(:mod:`.compare_stats`). Step-time figures use each run's steady state (after the first 10%
+(:mod:`.stats`). Step-time figures use each run's steady state (after the first 10%
 of its steps: compilation, warm-up, the first profiler window); training dynamics use the
 steps both runs recorded (matched by step number)."""
 

@@ -1,6 +1,6 @@
 """``tracealyze compare BASE NEW``: did a change make training slower, less stable or
-hungrier? Each run is read once (:mod:`.compare_metrics`), its figures lined up with a
-direction and a significance against the runs' own noise (:mod:`.compare_stats`), its
+hungrier? Each run is read once (:mod:`.metrics`), its figures lined up with a
+direction and a significance against the runs' own noise (:mod:`.stats`), its
 findings diffed, and one verdict given: regressed | improved | unchanged | mixed.
 
 A metric counts toward the verdict when its change is significant **and** at least

@@ -13,7 +13,7 @@ triggered it (rules as the plugin's, thresholds its defaults):
    checkpointing, AMP.
 
 Each is ``{"id", "rank", "value", "threshold", "message"}``; ``rank`` None when it is about
-the whole job. Read from the step overview (``trace_overview``), the GPU time breakdown and
+the whole job. Read from the step overview (``gpu.overview``), the GPU time breakdown and
 the recorder's memory table.
 """
 

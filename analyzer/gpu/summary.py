@@ -1,7 +1,7 @@
 """The ``gpu_time`` rows of ``summary --json`` (DESIGN.md): per rank, the temporal breakdown
 (``gputime``) with Holistic Trace Analysis's other per-rank analyses folded in —
-``comm_comp_overlap_pct`` (``trace_overlap``), ``idle_breakdown`` per stream
-(``trace_idle``), ``launch`` statistics (``trace_launch``) — and the same per profiled step
+``comm_comp_overlap_pct`` (``gpu.overlap``), ``idle_breakdown`` per stream
+(``gpu.idle``), ``launch`` statistics (``gpu.launch``) — and the same per profiled step
 under ``steps``. One facade over the four analysis modules; each runs one query over all
 ranks at once.
 """
@@ -43,7 +43,7 @@ _OVERVIEW_KEYS = (*(f"{c}_us" for c in CATEGORIES), "other_us", "gpu_busy_us")
 
 
 def _overview(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The step's wall time split as the profiler plugin's overview (``trace_overview``)."""
+    """The step's wall time split as the profiler plugin's overview (``gpu.overview``)."""
     if row is None:
         return None
     return {"step_us": row["total_us"], **{k: row[k] for k in _OVERVIEW_KEYS}}

@@ -1,6 +1,6 @@
 """What a Chrome/Kineto trace event becomes in ``trace_events``: the columns, the category
 spellings, the args that are promoted to columns, and the trace's id. Shared by the streaming
-reader (:mod:`.trace_stream`) and the trace helpers (:mod:`.traces`)."""
+reader (:mod:`.stream`) and the trace helpers (:mod:`.read`)."""
 
 from __future__ import annotations
 

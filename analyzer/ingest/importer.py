@@ -141,7 +141,7 @@ def import_traces(paths: list[Path], run_dir: Path, *, keep_raw: bool = False,
     """Import profiler traces into ``run_dir`` (``tracealyze import-trace``).
 
     ``paths`` are trace files or directories of them (one trace per rank and profiling
-    window, as ``tensorboard_trace_handler`` writes; see :mod:`.trace_ranks` for how a trace's
+    window, as ``tensorboard_trace_handler`` writes; see :mod:`.ranks` for how a trace's
     rank is found; JSON files in a directory that are not traces are left out and appended
     to ``skipped``). ``jobs`` traces are read at once (default :func:`default_jobs`).
 

@@ -1,9 +1,9 @@
 """Ingestion of Chrome/Kineto (torch.profiler) traces into the ``trace_events`` table.
 
 ``read_trace`` turns one trace file into a pyarrow table with the FORMAT.md ``trace_events``
-columns plus ``rank``; ``import_traces`` (:mod:`.trace_import`) writes traces into a run
+columns plus ``rank``; ``import_traces`` (:mod:`.importer`) writes traces into a run
 directory (the ``tracealyze import-trace`` command). Both stream the trace
-(:mod:`.trace_stream`): memory stays bounded whatever its size. Nothing here imports torch.
+(:mod:`.stream`): memory stays bounded whatever its size. Nothing here imports torch.
 
 What is kept: complete events (``ph == "X"``) only. Metadata (``M``), flow arrows
 (``s``/``f``/``t``; the correlation they draw is already in ``args.correlation``), instants

@@ -1,4 +1,4 @@
-"""The second pass of trace ingest (:mod:`.trace_stream`): every row gets its step and the
+"""The second pass of trace ingest (:mod:`.stream`): every row gets its step and the
 rows their time order. ``ProfilerStep#N`` containment for host rows, the launching runtime
 call's step for device rows (joined on ``correlation``). A trace of one batch is done in numpy;
 a bigger one by DuckDB under a memory limit, spilling to the temp directory, so memory stays

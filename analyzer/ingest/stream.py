@@ -188,7 +188,7 @@ def stream_events(path: Path, out: Path, *, rank: int | None = None,
     events goes into the Parquet file ``out`` (FIRST_PASS columns) and None is returned with
     its info; a smaller one stays in memory and is returned as one record batch (the second
     pass is then done in numpy: a small trace does not pay DuckDB's start-up). The fast
-    path (:mod:`.trace_chunks`, orjson on chunks) is tried first; a trace it cannot cut is
+    path (:mod:`.chunks`, orjson on chunks) is tried first; a trace it cannot cut is
     read again with ijson. ``rank``: as for :func:`rank_of_trace`."""
     for fast in (True, False):
         reader = GuardedReader(path, limits or Limits())

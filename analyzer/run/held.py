@@ -16,7 +16,7 @@ from ..sql.safe import execute_one
 MANY_RANKS = 16
 """Past this many ranks a job is read and drawn as a distribution: one Parquet scan per table
 (``view_sql``), small tables held in memory (here), rank views as bands with the
-outliers named (``charts_ranks``)."""
+outliers named (``report.charts.ranks``)."""
 HELD_ROWS = 5_000_000
 HOLD_PARTS = 256
 """A table of more parts than this (a run left uncompacted) is read once into memory when it

@@ -5,7 +5,7 @@ the slow rank shows in what differs: its own step time when ranks are not synchr
 its data wait / the others' wait. Both are compared per step, rank against the median of
 the other ranks.
 
-From profiler traces of several ranks (``trace_stragglers``): ranks that reach their
+From profiler traces of several ranks (``gpu.stragglers``): ranks that reach their
 collectives late in most profiled steps. When the recorder's step times and the traces name
 the same rank, one finding carries both.
 """

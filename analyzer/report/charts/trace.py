@@ -1,7 +1,7 @@
 """Profiler charts per rank and per profiled step: the profiler plugin's step-time overview,
 GPU idle share as a rank × step heatmap, and memory from the traces' allocator events
 (timeline and top allocating ops). Built from the summary's ``gpu_time`` rows (no query
-again) and ``trace_memory``."""
+again) and ``gpu.memory``."""
 
 from __future__ import annotations
 
