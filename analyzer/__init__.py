@@ -17,6 +17,7 @@ from typing import Any
 
 _EXPORTS = {
     "open_run": ".run.catalog",
+    "Analysis": ".diagnosis.analysis",
     "analyze": ".diagnosis.summary",
     "build_summary": ".diagnosis.summary",
     "write_report": ".report.page",

@@ -8,6 +8,7 @@ from typing import Any
 
 _EXPORTS = {
     "analyze": ".summary",
+    "Analysis": ".analysis",
     "build_summary": ".summary",
     "render_text": ".summary",
     "fails": ".summary",

@@ -1,76 +1,27 @@
-"""Run every detector over a run and build the DESIGN.md summary (JSON dict, text).
-
-A detector that raises does not kill the summary: its failure becomes an ``error`` finding
-under that detector's id, so the user sees the analysis is incomplete and a CI gate on
-``--fail-on error`` (or warning) never passes a run it could not fully check.
-"""
+"""The DESIGN.md summary of a run (JSON dict, text), built from one :class:`Analysis`
+(:mod:`.analysis`: every detector run once; a detector that fails is an ``error`` finding)."""
 
 from __future__ import annotations
 
 import math
 import textwrap
-import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..gpu.vocabulary import GPU_ACTIVITY_SQL
 from ..run.catalog import Run, open_run
-from .causality import link
-from .coverage import not_checked
+from .analysis import Analysis
 from .findings import SEVERITIES, Finding, severity_rank
-from .rank_groups import LIMIT, fold_per_rank, rank_ranges
+from .rank_groups import LIMIT, rank_ranges
 
 SUMMARY_SCHEMA_VERSION = 1
-
-
-def _failure(det_id: str, what: str, exc: BaseException) -> Finding:
-    frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-    where = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
-    return Finding(
-        id=det_id, severity="error",
-        title=f"Detector {det_id} failed; this check was not done",
-        message=f"The {det_id} detector {what}: {type(exc).__name__}: {exc}{where}.",
-        advice="This is a bug in tracealyze or an unexpected run layout; please report it "
-               "with the run's run.json. Other findings are unaffected.",
-        evidence={"detector_error": f"{type(exc).__name__}: {exc}"},
-    )
-
-
-def _detectors() -> list[Any]:
-    from .detectors.base import discover
-
-    return discover()[0]
 
 
 def analyze(run: Run, overrides: Any = None, *,
             config_file: Path | str | None = None,
             cache: dict[str, Any] | None = None) -> list[Finding]:
-    """All findings of all detectors, root causes first, each followed by the findings it
-    explains (``causality.link``); groups by their most severe member."""
-    from . import thresholds as config
-    from .detectors.base import Context, discover
-
-    modules, load_errors = discover()
-    thresholds = config.resolve(modules, overrides, config_file)
-    # ``cache``: heavy results the detectors share, kept for the caller (the summary's
-    # gpu_time rows reuse the trace analyses the detectors ran)
-    ctx = Context(run=run, thresholds=thresholds, cache={} if cache is None else cache)
-    findings: list[Finding] = []
-    for err in load_errors:
-        findings.append(_failure(err.module, "could not be loaded",
-                                 RuntimeError(f"{err.module}: {err.error}")))
-    for mod in modules:
-        th = thresholds[mod.ID]
-        if not th.get("enabled", True):
-            continue
-        try:
-            found = mod.detect(ctx, th) or []
-        except Exception as e:  # one detector's bug must not hide the others' findings
-            findings.append(_failure(mod.ID, "raised an exception", e))
-            continue
-        findings.extend(fold_per_rank(list(found), getattr(mod, "RANK_KEY", None)))
-    return link(findings)
+    """All findings of all detectors, root causes first (``Analysis(run).findings``)."""
+    return Analysis(run, overrides, config_file=config_file, memo=cache).findings
 
 
 def clean_json(value: Any) -> Any:
@@ -91,17 +42,6 @@ def clean_json(value: Any) -> Any:
     return str(value)
 
 
-def _gpu_time(run: Run, cache: dict[str, Any]) -> list[dict[str, Any]] | None:
-    (n,) = run.con.execute(
-        f"SELECT count(*) FROM trace_events WHERE cat IN {GPU_ACTIVITY_SQL}"
-    ).fetchone()
-    if not n:
-        return None
-    from ..gpu.summary import gpu_time_rows
-
-    return gpu_time_rows(run.con, cache=cache)
-
-
 def build_summary(run: Run | str | Path, overrides: Any = None, *,
                   config_file: Path | str | None = None) -> dict[str, Any]:
     """The DESIGN.md summary JSON of ``run`` (a Run, or a path opened and closed here).
@@ -111,8 +51,12 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
     if not isinstance(run, Run):
         with open_run(run) as opened:
             return build_summary(opened, overrides, config_file=config_file)
-    cache: dict[str, Any] = {}
-    findings = analyze(run, overrides, config_file=config_file, cache=cache)
+    return summary_of(Analysis(run, overrides, config_file=config_file))
+
+
+def summary_of(analysis: Analysis) -> dict[str, Any]:
+    """The DESIGN.md summary JSON of an analysis (its findings computed once)."""
+    run = analysis.run
     (steps,) = run.con.execute("SELECT count(DISTINCT step) FROM steps").fetchone()
     out: dict[str, Any] = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -121,16 +65,12 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
         "run": {"run_id": run.run_id, "status": "killed" if run.killed else run.status,
                 "steps": int(steps), "ranks": list(run.ranks),
                 "killed": run.killed, "heartbeat_age_s": run.heartbeat_age_s()},
-        "findings": [f.to_json() for f in findings],
+        "findings": [f.to_json() for f in analysis.findings],
         # what could not be checked, and why (a healthy verdict covers only the rest)
-        "not_checked": not_checked(run, _detectors()),
+        "not_checked": analysis.not_checked,
     }
-    try:
-        gpu = _gpu_time(run, cache)
-    except Exception as e:  # breakdown failure: say so, keep the rest
-        out["findings"].append(_failure("gpu_idle", "could not compute the GPU time "
-                                        "breakdown", e).to_json())
-        gpu = None
+    gpu = analysis.gpu_time
+    out["findings"].extend(f.to_json() for f in analysis.late)
     if gpu is not None:
         out["gpu_time"] = gpu
     return clean_json(out)

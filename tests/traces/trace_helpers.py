@@ -5,11 +5,12 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import duckdb
 import pyarrow as pa
+from tracealyze.analyzer.diagnosis.detectors.base import Context
 from tracealyze.analyzer.ingest.read import read_trace
+from tracealyze.analyzer.run.catalog import Run
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "traces"
 NCCL_NS = DATA / "gpu_nccl_1rank_ns.pt.trace.json.gz"
@@ -37,9 +38,12 @@ def con_over(*tables: pa.Table) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def ctx_over(*tables: pa.Table) -> SimpleNamespace:
-    """Minimal detector context: ``ctx.con`` (what the detector protocol needs)."""
-    return SimpleNamespace(con=con_over(*tables))
+def ctx_over(*tables: pa.Table) -> Context:
+    """A detector context over ``tables`` alone: a run with no metadata whose connection
+    has only the ``trace_events`` view."""
+    run = Run(Path("."), {})
+    run.con = con_over(*tables)
+    return Context(run=run)
 
 
 def X(cat: str, name: str, ts: float, dur: float, pid: int = 1, tid: int = 1, **args) -> dict:

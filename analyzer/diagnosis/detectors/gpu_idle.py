@@ -14,6 +14,7 @@ from ...gpu.gputime import gpu_time_breakdown, gpu_time_by_step
 from ...gpu.memo import shared
 from .. import anchors
 from ..findings import Finding
+from .base import Context
 
 ID = "gpu_idle"
 NEEDS: tuple[str, ...] = ()
@@ -43,8 +44,8 @@ def _pct(part: float, total: float) -> float:
     return round(100.0 * part / total, 2) if total > 0 else 0.0
 
 
-def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
-    cache = getattr(ctx, "cache", None)
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+    cache = ctx.cache
     rows = shared(cache, ctx.con, gpu_time_breakdown)
     limit = float(th.get("max_idle_pct", DEFAULTS["max_idle_pct"]))
     error_at = float(th.get("error_idle_pct", DEFAULTS["error_idle_pct"]))

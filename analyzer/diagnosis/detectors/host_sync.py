@@ -26,6 +26,7 @@ import pyarrow as pa
 from ...gpu.vocabulary import GPU_OR_LAUNCH_SQL, GPU_SIDE_SQL, LAUNCH_SQL, MEMCPY_SQL, SYNC_SQL
 from .. import anchors
 from ..findings import Finding
+from .base import Context
 
 ID = "host_sync"
 NEEDS: tuple[str, ...] = ()
@@ -146,7 +147,7 @@ def _sites(rows: list[tuple]) -> list[tuple]:
     return out
 
 
-def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     con = ctx.con
     rows = con.execute(_SITES_SQL).fetchall()
     if not rows:

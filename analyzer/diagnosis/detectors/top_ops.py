@@ -18,6 +18,7 @@ from ...gpu.overview import CATEGORIES, step_overview
 from ...gpu.vocabulary import GPU_ACTIVITY_SQL, LAUNCH, sql_in
 from .. import anchors
 from ..findings import Finding
+from .base import Context
 
 ID = "top_ops"
 NEEDS: tuple[str, ...] = ()
@@ -94,7 +95,7 @@ def _self_times(con: Any) -> dict[str, list[float]]:
             for n, c, t, o in zip(uniq, calls, total, own, strict=True)}
 
 
-def detect(ctx: Any, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     con = ctx.con
     n = int(th.get("top_n", DEFAULTS["top_n"]))
     ops = _self_times(con)
@@ -152,10 +153,10 @@ def _short(name: str, limit: int = 80) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
-def _overview(ctx: Any) -> dict[str, Any] | None:
+def _overview(ctx: Context) -> dict[str, Any] | None:
     """The profiler plugin's overview over all ranks and profiled steps: each category's
     share of the step time (summed over steps, then over ranks)."""
-    rows = shared(getattr(ctx, "cache", None), ctx.con, step_overview)
+    rows = shared(ctx.cache, ctx.con, step_overview)
     total = sum(r["total_us"] for r in rows)
     if not total:
         return None
@@ -165,8 +166,8 @@ def _overview(ctx: Any) -> dict[str, Any] | None:
                for k in keys}}
 
 
-def _recommendations(ctx: Any, overview: dict[str, Any] | None) -> list[dict[str, Any]]:
-    cache = getattr(ctx, "cache", None)
+def _recommendations(ctx: Context, overview: dict[str, Any] | None) -> list[dict[str, Any]]:
+    cache = ctx.cache
     rows = shared(cache, ctx.con, step_overview)
     gpu = shared(cache, ctx.con, gpu_time_breakdown)
     return recommendations(ctx.con, rows, gpu)
