@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from tracealyze.format.vocabulary import PRESETS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -313,7 +314,7 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None,
               help="Where to write (default runs/<script>-<date-time>).")
-@click.option("--preset", type=click.Choice(["minimal", "standard", "debug"]),
+@click.option("--preset", type=click.Choice(PRESETS),
               default="standard", show_default=True, help="Recorder preset.")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE",
               help="Override a recorder knob (repeatable), e.g. --set grad_norm_every=10.")

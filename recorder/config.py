@@ -8,7 +8,9 @@ import types
 import typing
 from typing import Any
 
-PRESETS: tuple[str, ...] = ("minimal", "standard", "debug")
+from tracealyze.format.vocabulary import PRESETS, Preset
+
+__all__ = ["PRESETS", "Preset", "RecorderConfig"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,7 +111,7 @@ class RecorderConfig:
             raise ValueError("system_interval_s must be 0 (off) or >= 0.05")
 
     @classmethod
-    def from_preset(cls, preset: str = "standard", **overrides: Any) -> RecorderConfig:
+    def from_preset(cls, preset: Preset = "standard", **overrides: Any) -> RecorderConfig:
         """The preset's knobs with ``overrides`` applied; ValueError for unknown names."""
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")

@@ -31,7 +31,7 @@ from .activations import ActivationCapture
 from .amp import ScalerHook
 from .budget import NormBudget
 from .capture import Piece, StepAccum, event_row, exception_row, watchable
-from .config import RecorderConfig, check_arguments, unwrap_optimizer
+from .config import Preset, RecorderConfig, check_arguments, unwrap_optimizer
 from .coverage import Coverage
 from .dist import rank_and_world, watch_compute
 from .gradients import GradReader
@@ -68,7 +68,7 @@ class Recorder(StepLifecycle):
         *,
         model: nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
-        preset: str = "standard",
+        preset: Preset = "standard",
         resume: bool = False,
         scaler: Any = None,
         **overrides: Any,

@@ -7,10 +7,12 @@ import pkgutil
 from pathlib import Path
 from typing import Any
 
+from tracealyze.format.vocabulary import SEVERITIES, Severity
+
 from .display import MAX_NAME, MAX_TEXT, clip, clip_tree
 
-SEVERITIES: tuple[str, ...] = ("info", "warning", "error", "critical")
-"""Severity order, lowest first (DESIGN.md)."""
+__all__ = ["FINDING_IDS", "SEVERITIES", "Finding", "Severity", "rank_findings",
+           "severity_rank"]
 
 def _detector_ids(folder: Path | None = None) -> tuple[str, ...]:
     """The detector registry, built from the folder: every public module of ``detectors/``
@@ -41,7 +43,7 @@ class Finding:
 
     id: str
     """One of :data:`FINDING_IDS`."""
-    severity: str
+    severity: Severity
     """info, warning, error or critical."""
     title: str
     """Short headline, e.g. 'Memory grows 1.0 MiB per step'."""
