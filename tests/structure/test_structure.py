@@ -164,3 +164,37 @@ def test_gpu_categories_are_spelled_only_in_the_vocabulary() -> None:
                 bad.append(f"{f.relative_to(REPO)}:{node.lineno}")
     assert not bad, "GPU categories spelled outside gpu/vocabulary.py: " + ", ".join(bad)
     assert quoted.search(ast.literal_eval("'''('kernel')'''"))  # the pattern sees SQL
+
+
+def _kind_literals(text: str) -> set[str]:
+    """Kinds compared in SQL: ``kind = 'x'``, ``kind IN ('x', 'y')``."""
+    out = set(re.findall(r"kind\s*=\s*'([a-z_]+)'", text))
+    for group in re.findall(r"kind\s+IN\s*\(([^)]*)\)", text):
+        out.update(re.findall(r"'([a-z_]+)'", group))
+    return out
+
+
+def test_tensor_and_event_kinds_come_from_the_format_vocabulary() -> None:
+    from tracealyze.format.vocabulary import EVENT_KINDS, TENSOR_KINDS
+
+    known = set(TENSOR_KINDS) | set(EVENT_KINDS)
+    # the idle analysis classifies idle intervals, not rows of a table: its kinds are its own
+    own = {"analyzer/gpu/idle.py": {"host_wait", "kernel_wait", "other"}}
+    read = {}
+    for f in sorted((REPO / "analyzer").rglob("*.py")):
+        rel = f.relative_to(REPO).as_posix()
+        for kind in _kind_literals(f.read_text()) - own.get(rel, set()):
+            read[kind] = rel
+    assert set(read) <= known, {k: v for k, v in read.items() if k not in known}
+    assert {"grad", "param", "activation", "nonfinite", "exception"} <= set(read)
+    written = set()
+    for f in sorted((REPO / "recorder").rglob("*.py")):
+        text = f.read_text()
+        written.update(re.findall(r'(?:\.event|_info)\(\s*"([a-z_]+)"', text))
+        written.update(re.findall(r'event_row\([^,]+,\s*"([a-z_]+)"', text))
+        written.update(re.findall(r'kind="([a-z_]+)"', text))
+        written.update(re.findall(r'Piece\("([a-z_]+)"', text))
+    pieces_only = {"grad_norms", "act_nf", "loss_scale"}  # routing labels, not rows' kinds
+    user_example = {"checkpoint"}  # rec.event's docstring: a kind of the user's own
+    assert written - pieces_only - user_example <= known, written - known - pieces_only
+    assert {"param_coverage", "model_structure", "exception"} <= written
