@@ -189,9 +189,8 @@ class StepLifecycle:
         """rec.step() values that are not numbers: dropped one by one (the step and its number
         stay), counted as dropped ``step_values``, reported once."""
         self._writer.dropped["step_values"] += len(bad)
-        if "step_values" in self._error_kinds:
+        if not self.guard.once("step_values"):
             return
-        self._error_kinds.add("step_values")
         name, value = bad[0]
         what = f"{type(value).__name__} {str(value)[:60]!r}"
         print(f"tracealyze: rec.step() value {name}={what} is not a number; dropped (the step "

@@ -15,7 +15,6 @@ profiler schedule. What it owns itself is the step lifecycle below.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -35,6 +34,7 @@ from .config import Preset, RecorderConfig, check_arguments, unwrap_optimizer
 from .coverage import Coverage
 from .dist import rank_and_world, watch_compute
 from .gradients import GradReader
+from .guard import Guard
 from .hooks import compiled, unwrap_model, wrapped_in_ddp
 from .interrupts import HeldInterrupts, say_gave_up
 from .lifecycle import StepLifecycle
@@ -86,8 +86,7 @@ class Recorder(StepLifecycle):
         self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
         self.scaler = scaler
         self.rank, self.world_size = rank_and_world()
-        self.errors = 0
-        self._error_kinds: set[str] = set()
+        self.guard = Guard()  # shared with the writer: one count, one warn-once
         self._next_step = 0
         if not self.config.enabled:
             return
@@ -128,7 +127,7 @@ class Recorder(StepLifecycle):
             max_buffered_rows=self.config.max_buffered_rows,
             max_buffered_bytes=self.config.max_buffered_bytes, on_flush=self._heartbeat,
             compact_fanout=COMPACT_FANOUT if self.config.merge_on_close else 0,
-        )
+            guard=self.guard)
         self._acc = StepAccum(step=self._next_step)
         self._pending: StepAccum | None = None
         self._pending_sig: tuple[int, int] | None = None
@@ -322,25 +321,22 @@ class Recorder(StepLifecycle):
         return self._acc.step if not self._closed else self._next_step
 
     # ------------------------------------------------------------------ internals
+    @property
+    def errors(self) -> int:
+        """Recorder failures so far (training and writer threads); training went on."""
+        return self.guard.errors
+
     def _guard(self, where: str, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as exc:
-            self._count_error(where, exc)
-            return None
+        return self.guard.call(where, fn, *args, record=self._error_event)
 
     def _count_error(self, where: str, exc: BaseException) -> None:
-        self.errors += 1
+        self.guard.failed(where, exc)
+        self._error_event(where, exc)
+
+    def _error_event(self, where: str, exc: BaseException) -> None:
         writer = getattr(self, "_writer", None)
-        if writer is not None and writer.alive:
-            # Already counted in self.errors: the writer only records the event.
-            writer.submit(lambda w: w.record_error(where, exc, count=False), "events")
-        else:
-            key = f"{where}:{type(exc).__name__}"
-            if key not in self._error_kinds:
-                self._error_kinds.add(key)
-                print(f"tracealyze: recorder error in {where} ({type(exc).__name__}: {exc});"
-                      " training continues", file=sys.stderr)
+        if writer is not None and writer.alive:  # (counted already: the event only)
+            writer.submit(lambda w: w.error_event(where, exc), "events")
 
     def _watch(self, name: str, tensor: torch.Tensor) -> None:
         tensor = watchable(str(name), tensor)  # ValueError: only this watch is left out
@@ -387,7 +383,7 @@ class Recorder(StepLifecycle):
         # (the writer's first flush can come before its constructor returned to us)
         w = getattr(self, "_writer", None)
         return {"dropped": dict(w.dropped) if w is not None else {},
-                "recorder_errors": self.errors + (w.errors if w is not None else 0)}
+                "recorder_errors": self.guard.errors}
 
     def _heartbeat(self) -> None:
         """Called by the writer after each successful flush (writer thread)."""

@@ -17,7 +17,6 @@ import collections
 import json
 import os
 import select
-import sys
 import threading
 import time
 import traceback
@@ -38,6 +37,7 @@ from tracealyze.format.parts import (
 )
 
 from .buffers import TableBuffer
+from .guard import Guard
 from .schema import TABLES
 
 SELF_REPORTED = frozenset({"step_values", "run_dir_deleted"})
@@ -107,6 +107,7 @@ class Writer:
         max_buffered_bytes: int = 128 << 20,
         on_flush: Callable[[], None] | None = None,
         compact_fanout: int = COMPACT_FANOUT,
+        guard: Guard | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.rank = rank
@@ -140,8 +141,7 @@ class Writer:
         self.buffers = {name: TableBuffer(name) for name in TABLES}
         self.dropped: Counter[str] = Counter()  # what could not be recorded, by table
         self._reported_dropped: Counter[str] = Counter()
-        self.errors = 0
-        self._error_kinds: set[str] = set()
+        self.guard = guard or Guard()  # the recorder's: one count of failures
         self._seq = next_seq(run_dir, rank)
         self._last_flush = time.monotonic()
         try:
@@ -222,17 +222,18 @@ class Writer:
             "details": [json.dumps(details, default=str)],
         })
 
-    def record_error(self, where: str, exc: BaseException, *, count: bool = True) -> None:
-        """Count a recorder failure, warn once per kind, and keep it as an event.
-        ``count=False`` for failures the recorder already counted on the training thread."""
-        if count:
-            self.errors += 1
-        key = f"{where}:{type(exc).__name__}"
-        if key not in self._error_kinds:
-            self._error_kinds.add(key)
-            print(f"tracealyze: recorder error in {where} ({type(exc).__name__}: {exc}); "
-                  "training continues, further errors of this kind are only counted",
-                  file=sys.stderr)
+    @property
+    def errors(self) -> int:
+        return self.guard.errors
+
+    def record_error(self, where: str, exc: BaseException) -> None:
+        """A failure on the writer thread: counted and said once (the guard), kept as an
+        event."""
+        self.guard.failed(where, exc)
+        self.error_event(where, exc)
+
+    def error_event(self, where: str, exc: BaseException) -> None:
+        """The ``recorder_error`` event of a failure already counted."""
         try:
             self.event("recorder_error", f"{where}: {type(exc).__name__}: {exc}",
                        severity="error", subject=where,
