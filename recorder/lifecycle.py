@@ -292,9 +292,8 @@ class StepLifecycle:
             step=acc.step, time=acc.ended or time.time(), duration_s=acc.duration_s,
             data_wait_s=acc.data_wait_s if acc.waited else None,
             floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
-            scaler=acc.scaler, memory=memory, probe=self._probe,
-            rss=self._probe.rss() if memory else None,
-            heap=self._probe.heap() if memory else None, nonfinite_state=self._nonfinite_state,
+            scaler=acc.scaler, memory=memory, rss=self._probe.rss() if memory else None,
+            heap=self._probe.heap() if memory else None,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc),
         )

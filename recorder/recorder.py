@@ -41,6 +41,7 @@ from .lifecycle import StepLifecycle
 from .loader import TimedLoader, batch_size_of
 from .process_hooks import ProcessHooks
 from .profiling import ProfilerSchedule
+from .rows import StepRows
 from .rundir import RunDir
 from .sampler import MemoryProbe, SystemSampler
 from .stats import FullStats
@@ -120,14 +121,13 @@ class Recorder(StepLifecycle):
                            or self.rank == 0)
         self._reader.grad_stats = self._grad_rows
         self._probe = MemoryProbe(self._device)
-        self._nonfinite_state: dict[str, Any] = {}
         self._writer = Writer(
             self.run_dir, self.rank, flush_interval_s=self.config.flush_interval_s,
             flush_rows=self.config.flush_rows, queue_size=self.config.queue_size,
             max_buffered_rows=self.config.max_buffered_rows,
             max_buffered_bytes=self.config.max_buffered_bytes, on_flush=self._heartbeat,
             compact_fanout=COMPACT_FANOUT if self.config.merge_on_close else 0,
-            guard=self.guard)
+            guard=self.guard, steps=StepRows(self._probe))
         self._acc = StepAccum(step=self._next_step)
         self._pending: StepAccum | None = None
         self._pending_sig: tuple[int, int] | None = None

@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -25,14 +25,41 @@ if TYPE_CHECKING:
     import torch
 
     from .capture import Piece
-    from .writer import Writer
+
+
+class Writer(Protocol):
+    """What rows are handed to (:class:`.writer.Writer`; a protocol here, since the writer
+    owns a ``StepRows`` and imports this module)."""
+
+    step_hint: int | None
+
+    def append(self, table: str, columns: dict[str, Any]) -> None: ...
+
+    def event(self, kind: str, message: str, **kw: Any) -> None: ...
+
+    def record_error(self, where: str, exc: BaseException) -> None: ...
+
 
 # What a batch produces, appended only once everything is computed (so a batch that fails
 # half-way can be redone step by step without duplicating rows).
 _Out = list[tuple[str, dict[str, Any]]]
 
 
-def write_steps(w: Writer, items: Sequence[StepItem]) -> None:
+class StepRows:
+    """How committed steps become rows: the writer's, with the writer-side state it keeps
+    between batches (the memory probe that reads the allocator counters here, and which
+    kinds of nonfinite value were reported already)."""
+
+    def __init__(self, probe: Any = None) -> None:
+        self.probe = probe  # MemoryProbe
+        self.nonfinite_state: dict[str, Any] = {}
+
+    def write(self, w: Writer, items: Sequence[StepItem]) -> None:
+        """Append the rows of ``items`` (consecutive committed steps) to ``w``'s tables."""
+        write_steps(w, items, self)
+
+
+def write_steps(w: Writer, items: Sequence[StepItem], ctx: StepRows) -> None:
     """Append the rows of ``items`` (consecutive committed steps) to the writer's tables."""
     for it in items:
         if it.event is not None:
@@ -44,7 +71,7 @@ def write_steps(w: Writer, items: Sequence[StepItem]) -> None:
         if k == len(items) or keys[k] != keys[start]:
             run = items[start:k]
             try:
-                _append(w, _rows(run))
+                _append(w, _rows(run, ctx))
             except Exception as exc:
                 if len(run) == 1:
                     raise
@@ -53,7 +80,7 @@ def write_steps(w: Writer, items: Sequence[StepItem]) -> None:
                 w.record_error("writer", exc)
                 for it in run:
                     try:
-                        _append(w, _rows([it]))
+                        _append(w, _rows([it], ctx))
                     except Exception as exc1:
                         w.record_error("writer", exc1)
             start = k
@@ -71,7 +98,7 @@ def _append(w: Writer, out: _Out) -> None:
             w.append(table, cols)
 
 
-def _rows(run: Sequence[StepItem]) -> _Out:
+def _rows(run: Sequence[StepItem], ctx: StepRows) -> _Out:
     """Rows of steps that share one layout."""
     first = run[0]
     n = len(run)
@@ -113,7 +140,7 @@ def _rows(run: Sequence[StepItem]) -> _Out:
                 # Only outputs changed in place later look nonfinite (say masked_fill_(-inf)
                 # on a projection, every step): nothing proves a module made a NaN/Inf.
                 if (bad[r] & ~late).any():
-                    _activation_nonfinite(out, run[r], piece, bad[r])
+                    _activation_nonfinite(out, ctx.nonfinite_state, run[r], piece, bad[r])
         else:
             for r, it in enumerate(run):
                 out.append(("tensor_stats", _stat_columns(it.step, it.pieces[j], block[r])))
@@ -134,7 +161,8 @@ def _rows(run: Sequence[StepItem]) -> _Out:
     with np.errstate(invalid="ignore", divide="ignore"):
         loss = total / count
     for r in np.flatnonzero(has_loss & ~np.isfinite(loss)):
-        _report_nonfinite(out, run[r], "loss", "loss", f"loss is {float(loss[r])}")
+        _report_nonfinite(out, ctx.nonfinite_state, run[r], "loss", "loss",
+                          f"loss is {float(loss[r])}")
 
     grad_norm = nonfinite = amp_skipped = None
     if norms is not None:
@@ -150,8 +178,9 @@ def _rows(run: Sequence[StepItem]) -> _Out:
                 "kind": Codes(("grad",), np.zeros(n * k, np.int32)), "norm": norms.ravel()}))
         for r in np.flatnonzero(nonfinite):
             name = norm_names[_first_bad(bad[r], norm_pos)]
-            _report_nonfinite(out, run[r], "gradient", name, f"gradient of {name} holds "
-                              f"NaN/Inf ({int(nonfinite[r])} gradient tensor(s))")
+            _report_nonfinite(out, ctx.nonfinite_state, run[r], "gradient", name,
+                              f"gradient of {name} holds NaN/Inf "
+                              f"({int(nonfinite[r])} gradient tensor(s))")
         if any(it.scaler for it in run):
             amp_skipped = [bool(v) if it.scaler else None
                            for v, it in zip(nonfinite, run, strict=True)]
@@ -168,7 +197,8 @@ def _rows(run: Sequence[StepItem]) -> _Out:
                       if any(it.compute_s is not None for it in run) else None),
     }))
     _metric_rows(out, run, steps, tmetrics)
-    _memory_rows(out, [it for it in run if it.memory and it.probe is not None])
+    if ctx.probe is not None:
+        _memory_rows(out, [it for it in run if it.memory], ctx.probe)
     return out
 
 
@@ -181,13 +211,13 @@ def _first_bad(bad: np.ndarray, pos: tuple[int, ...]) -> int:
     return int(idx[np.argmin(np.asarray(pos)[idx])])
 
 
-def _memory_rows(out: _Out, mem: list[StepItem]) -> None:
+def _memory_rows(out: _Out, mem: list[StepItem], probe: Any) -> None:
     """Memory snapshots (RSS read at commit; CUDA allocator counters read here). A failed
     snapshot loses that row only, and is recorded as a recorder error."""
     rows = []
     for it in mem:
         try:
-            rows.append((it, it.probe.snapshot(it.rss, it.heap)))
+            rows.append((it, probe.snapshot(it.rss, it.heap)))
         except Exception as exc:
             out.append(("error", {"exc": exc}))
     if rows:
@@ -276,7 +306,8 @@ def _stat_columns(step: int, p: Piece, seg: np.ndarray) -> dict[str, Any]:
     return cols
 
 
-def _activation_nonfinite(out: _Out, it: StepItem, p: Piece, bad: np.ndarray) -> None:
+def _activation_nonfinite(out: _Out, st: dict[str, Any], it: StepItem, p: Piece,
+                          bad: np.ndarray) -> None:
     """Per-step NaN/Inf probes of module outputs (an L2 norm each: nonfinite iff the output
     held NaN/Inf), for a step where something went bad: rows with nonfinite = 1 for the
     modules whose output did (a flag, not a count: counts come with the full activation statistics
@@ -296,7 +327,7 @@ def _activation_nonfinite(out: _Out, it: StepItem, p: Piece, bad: np.ndarray) ->
             "nonfinite": bad[idx].astype(np.float64), "seq": seqs[idx]}))
     name = nan_origin(p, bad, outputs)
     where = "the input batch" if name == "<input>" else f"the forward of module {name!r}"
-    _report_nonfinite(out, it, "activation", name, f"NaN/Inf first appeared in {where}")
+    _report_nonfinite(out, st, it, "activation", name, f"NaN/Inf first appeared in {where}")
 
 
 def nan_origin(p: Piece, bad: np.ndarray, outputs: np.ndarray) -> str:
@@ -324,9 +355,9 @@ def nan_origin(p: Piece, bad: np.ndarray, outputs: np.ndarray) -> str:
     return name
 
 
-def _report_nonfinite(out: _Out, it: StepItem, what: str, subject: str, message: str) -> None:
+def _report_nonfinite(out: _Out, st: dict[str, Any], it: StepItem, what: str, subject: str,
+                      message: str) -> None:
     """One event per kind of nonfinite value, at its first occurrence."""
-    st = it.nonfinite_state
     if what in st:
         st[what + "_count"] = st.get(what + "_count", 1) + 1
         return
@@ -361,12 +392,7 @@ class StepItem:
     event: Any
     scaler: bool
     memory: bool
-    probe: Any  # MemoryProbe
     rss: int | None  # read on the training thread at commit (belongs to this step)
-    nonfinite_state: dict[str, Any]  # writer-side memory of what was already reported
     store_grad_norms: bool = True
     compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
     heap: int | None = None  # malloc'd bytes in use, read with rss
-
-    # The writer hands every run of consecutive queued steps to this at once.
-    write_many = staticmethod(write_steps)

@@ -38,6 +38,7 @@ from tracealyze.format.parts import (
 
 from .buffers import TableBuffer
 from .guard import Guard
+from .rows import StepItem, StepRows
 from .schema import TABLES
 
 SELF_REPORTED = frozenset({"step_values", "run_dir_deleted"})
@@ -108,6 +109,7 @@ class Writer:
         on_flush: Callable[[], None] | None = None,
         compact_fanout: int = COMPACT_FANOUT,
         guard: Guard | None = None,
+        steps: StepRows | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.rank = rank
@@ -142,6 +144,7 @@ class Writer:
         self.dropped: Counter[str] = Counter()  # what could not be recorded, by table
         self._reported_dropped: Counter[str] = Counter()
         self.guard = guard or Guard()  # the recorder's: one count of failures
+        self.steps = steps or StepRows()  # how committed steps become rows
         self._seq = next_seq(run_dir, rank)
         self._last_flush = time.monotonic()
         try:
@@ -261,19 +264,18 @@ class Writer:
                 return
 
     def _drain(self) -> None:
-        """Process everything queued. Consecutive items of a type with ``write_many``
-        (committed steps) are processed as one batch."""
+        """Process everything queued. Consecutive committed steps (``StepItem``, plain
+        data) are written as one batch by ``self.steps``; anything else is a job, called."""
         q = self.queue
         while q:
             batch = [q.popleft()]
-            many = getattr(batch[0], "write_many", None)
-            if many is not None:
-                kind = type(batch[0])
-                while q and type(q[0]) is kind and len(batch) < 512:
+            many = isinstance(batch[0], StepItem)
+            if many:
+                while q and isinstance(q[0], StepItem) and len(batch) < 512:
                     batch.append(q.popleft())
             try:
-                if many is not None:
-                    many(self, batch)
+                if many:
+                    self.steps.write(self, batch)
                 else:
                     batch[0](self)
             except Exception as exc:  # a bad item must not kill the writer

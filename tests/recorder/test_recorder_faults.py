@@ -236,13 +236,13 @@ def test_training_thread_errors_counted_once(run_dir: Path,
 def test_full_queue_drops_and_counts_but_never_blocks(run_dir: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
-    real_write = rows_mod.StepItem.write_many
+    real_write = rows_mod.StepRows.write
 
-    def slow_write(w: Any, items: Any) -> None:
+    def slow_write(self: Any, w: Any, items: Any) -> None:
         release.wait(60)  # the writer is stuck until the loop has finished
-        real_write(w, items)
+        real_write(self, w, items)
 
-    monkeypatch.setattr(rows_mod.StepItem, "write_many", staticmethod(slow_write))
+    monkeypatch.setattr(rows_mod.StepRows, "write", slow_write)
     rec, model, opt = make(run_dir, queue_size=1)
     n = 20
     loop = threading.Thread(target=steps, args=(rec, model, opt, n), daemon=True)
