@@ -12,6 +12,7 @@ The map of the sub-packages is in CONTRIBUTING.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
@@ -25,13 +26,21 @@ _EXPORTS = {
     "import_traces": ".ingest.importer",
     "open_runs": ".run.multirun",
 }
-"""Public name -> the module that defines it, imported on first use: importing a package
-never pulls in more than it needs (the CLI's start-up stays fast)."""
-
-__all__ = sorted(_EXPORTS)
+"""Public name -> the module that defines it (imported on first use)."""
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def lazy_exports(package: str, exports: dict[str, str]
+                 ) -> tuple[Callable[[str], Any], list[str]]:
+    """A package's ``(__getattr__, __all__)`` for ``exports`` (public name -> the module,
+    relative to ``package``, that defines it), each imported on first use: importing a
+    package never pulls in more than it needs (the CLI's start-up stays fast)."""
+
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            return getattr(import_module(exports[name], package), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__, sorted(exports)
+
+
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -4,8 +4,7 @@ included."""
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from .. import lazy_exports
 
 _EXPORTS = {
     "open_run": ".catalog",
@@ -14,13 +13,6 @@ _EXPORTS = {
     "open_runs": ".multirun",
     "RunSet": ".multirun",
 }
-"""Public name -> the module that defines it, imported on first use: importing a package
-never pulls in more than it needs (the CLI's start-up stays fast)."""
+"""Public name -> the module that defines it (imported on first use)."""
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -3,8 +3,7 @@ and connections sandboxed to the run directories of the command."""
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from .. import lazy_exports
 
 _EXPORTS = {
     "ident": ".safe",
@@ -15,13 +14,6 @@ _EXPORTS = {
     "check_user_sql": ".safe",
     "read_query": ".safe",
 }
-"""Public name -> the module that defines it, imported on first use: importing a package
-never pulls in more than it needs (the CLI's start-up stays fast)."""
+"""Public name -> the module that defines it (imported on first use)."""
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __all__ = lazy_exports(__name__, _EXPORTS)

@@ -171,3 +171,14 @@ def early_lr_note(ctx: Context, first_step: int | None) -> str:
             + (" (constant)" if lr["constant"] else "")
             + ": instability from the first steps usually means the learning rate is too "
             "high (try 3–10× lower, or a warm-up).")
+
+
+def dated_by(cause: dict[str, Any] | None, first: Any) -> tuple[Any, str]:
+    """(onset, ", because ..." clause) of a finding that ``cause`` (from :func:`within`)
+    explains: a sudden change dates the finding at its own step; a ramp began long before
+    and does not date it, it only explains it."""
+    if cause is None:
+        return first, ""
+    if cause["kind"] == "lr_ramp":
+        return first, f", as {cause['text']}"
+    return cause["step"], f", right after {cause['text']}"

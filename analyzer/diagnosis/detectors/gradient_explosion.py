@@ -301,12 +301,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     what = "total gradient norm" if total is not None else f"gradient norm of {subject}"
     nan_at = main.get("first_nonfinite")
     cause = _changes.within(ctx, int(first) - 10, int(main["cross"]) + 2)
-    because = ""
-    if cause is not None:
-        if cause["kind"] != "lr_ramp":  # (a ramp began long before: it does not date it)
-            first = cause["step"]
-        because = (f", as {cause['text']}" if cause["kind"] == "lr_ramp"
-                   else f", right after {cause['text']}")
+    first, because = _changes.dated_by(cause, first)
     clipped = r is not None and bool(np.isfinite(_data.steps(ctx)[r]["grad_clip_max"]).any())
     msg = (f"The {what}{' (before clipping)' if clipped else ''} grew from "
            f"{main['from']:.3g} at step "

@@ -102,12 +102,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     reach = np.flatnonzero(after >= end - 0.1 * (end - best))
     clear = int(step[ib + int(reach[0])]) if len(reach) else first
     cause = _changes.within(ctx, min(first, clear) - 10, max(first, clear) + 2)
-    because = ""
-    if cause is not None:
-        if cause["kind"] != "lr_ramp":  # (a ramp began long before: it does not date it)
-            first = cause["step"]
-        because = (f", as {cause['text']}" if cause["kind"] == "lr_ramp"
-                   else f", right after {cause['text']}")
+    first, because = _changes.dated_by(cause, first)
     return [Finding(
         id=ID, severity="error", subject="loss", first_step=first,
         title="Loss diverges" + ({"lr": " after a learning-rate jump",
