@@ -1,4 +1,6 @@
-"""Write synthetic run directories exactly as docs/FORMAT.md describes, for tests.
+"""Write synthetic run directories exactly as docs/FORMAT.md describes, for tests: through
+``tracealyze.format`` (part names, atomic Parquet writes, run.json and rank files), as the
+recorder writes them, so a change to the format is a change here too.
 
 High level::
 
@@ -23,17 +25,22 @@ nulls and casting to the FORMAT.md types; :func:`truncate_part` corrupts one;
 from __future__ import annotations
 
 import itertools
-import json
 import time as _time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from tracealyze.analyzer.sql.schema import SCHEMA_VERSION, TABLES, arrow_schema
+from tracealyze.analyzer.sql.schema import TABLES, arrow_schema
+from tracealyze.format.parts import (
+    merged_name,
+    part_name,
+    rank_dir,
+    write_json_atomic,
+    write_parquet_atomic,
+)
+from tracealyze.format.runmeta import new_rank_meta, new_run_meta
 
 Series = None | float | int | Sequence[float] | np.ndarray | Callable[[np.ndarray], Any]
 
@@ -81,8 +88,8 @@ def _as_array(v: Any) -> Any:
 
 def part_path(run_dir: Path, table: str, rank: int, seq: int | tuple[int, int]) -> Path:
     """Path of part ``seq`` (or merged ``(a, b)``) of ``table`` for ``rank``."""
-    name = f"part-{seq[0]:06d}-{seq[1]:06d}" if isinstance(seq, tuple) else f"part-{seq:06d}"
-    return Path(run_dir) / table / f"rank={rank}" / f"{name}.parquet"
+    name = merged_name(*seq) if isinstance(seq, tuple) else part_name(seq)
+    return rank_dir(Path(run_dir), table, rank) / name
 
 
 def write_part(
@@ -110,10 +117,7 @@ def write_part(
         data = data.drop_columns(["rank"])
     path = part_path(Path(run_dir), table, rank, seq)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".parquet.tmp")
-    pq.write_table(data, tmp, compression="zstd", use_dictionary=True)
-    tmp.rename(path)
-    return path
+    return write_parquet_atomic(data, path)
 
 
 def truncate_part(path: Path | str, keep: float = 0.5) -> Path:
@@ -125,11 +129,11 @@ def truncate_part(path: Path | str, keep: float = 0.5) -> Path:
 
 
 def write_run_json(run_dir: Path | str, **fields: Any) -> dict[str, Any]:
-    """Write run.json with sensible defaults; ``fields`` override/extend them."""
+    """Write run.json: the format's new run, finished an hour after it started on a fixed
+    test host, with ``fields`` overriding/extending it."""
     now = _time.time()
-    meta: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": uuid.uuid4().hex,
+    meta = new_run_meta(preset="standard", knobs={}, world_size=1, status="completed")
+    meta.update({
         "started": now - 3600.0,
         "started_iso": "",
         "ended": now,
@@ -147,26 +151,27 @@ def write_run_json(run_dir: Path | str, **fields: Any) -> dict[str, Any]:
         "device": {"type": "cpu", "name": "cpu", "total_memory_bytes": None},
         "resumes": [],
         "counters": {"dropped": {}, "recorder_errors": 0},
-    }
+    })
+    # (machine-dependent, and older recorders wrote neither: a test that needs them says so)
+    meta.pop("source", None)
+    meta.pop("cpu_count", None)
     meta.update(fields)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
+    write_json_atomic(run_dir / "run.json", meta)
     return meta
 
 
 def write_rank_json(run_dir: Path | str, rank: int, **fields: Any) -> dict[str, Any]:
     """Write ranks/rank=<r>.json (status, heartbeat, counters ...)."""
     now = _time.time()
-    meta: dict[str, Any] = {
-        "rank": rank, "status": "completed", "started": now - 3600.0, "ended": now,
-        "heartbeat": now, "host": "testhost", "pid": 1234 + rank, "steps": 0,
-        "counters": {"dropped": {}, "recorder_errors": 0},
-    }
+    meta = new_rank_meta(rank, {"host": "testhost"})
+    meta.update({"status": "completed", "started": now - 3600.0, "ended": now,
+                 "heartbeat": now, "pid": 1234 + rank})
     meta.update(fields)
     d = Path(run_dir) / "ranks"
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"rank={rank}.json").write_text(json.dumps(meta, indent=1))
+    write_json_atomic(d / f"rank={rank}.json", meta)
     return meta
 
 
