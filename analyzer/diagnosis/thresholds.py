@@ -9,24 +9,55 @@ and a ``*_frac`` must lie in [0, 1].
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
 
-Thresholds = dict[str, dict[str, Any]]
+
+class Thresholds(Mapping[str, Any]):
+    """One detector's effective thresholds, read as attributes (``th.min_steps``). Built by
+    :func:`of` as a frozen dataclass per detector whose fields are its ``DEFAULTS`` (plus
+    ``enabled``), so a misspelt name is an AttributeError, not a silent default. Also a
+    read-only mapping, for code that takes thresholds or a ``DEFAULTS`` dict alike."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:  # type: ignore[attr-defined]
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.__dataclass_fields__)  # type: ignore[attr-defined]
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
-def defaults(modules: Iterable[ModuleType]) -> Thresholds:
+@functools.cache
+def dataclass_of(mod: ModuleType) -> type[Thresholds]:
+    """The thresholds dataclass of detector module ``mod``: one field per ``DEFAULTS``
+    key, typed and defaulted by its value, and ``enabled``."""
+    name = "".join(w.title() for w in mod.ID.split("_")) + "Thresholds"
+    fields = [("enabled", bool, dataclasses.field(default=True))] + [
+        (k, type(v), dataclasses.field(default=v)) for k, v in mod.DEFAULTS.items()]
+    return dataclasses.make_dataclass(name, fields, bases=(Thresholds,), frozen=True,
+                                      kw_only=True, eq=True)
+
+
+def of(mod: ModuleType, values: Mapping[str, Any] | None = None) -> Thresholds:
+    """Detector ``mod``'s thresholds: its defaults with ``values`` (already checked)."""
+    return dataclass_of(mod)(**(values or {}))
+
+
+def defaults(modules: Iterable[ModuleType]) -> dict[str, dict[str, Any]]:
     """detector id -> copy of its DEFAULTS plus ``enabled: True``."""
-    out: Thresholds = {}
-    for mod in modules:
-        out[mod.ID] = {"enabled": True, **mod.DEFAULTS}
-    return out
+    return {mod.ID: {"enabled": True, **mod.DEFAULTS} for mod in modules}
 
 
 def _aliases(modules: Iterable[ModuleType]) -> dict[str, str]:
@@ -76,7 +107,7 @@ def _check_range(value: float, default: Any, where: str, key: str) -> None:
         raise ConfigError(f"{where}: a fraction must be between 0 and 1, got {value!r}")
 
 
-def _apply(th: Thresholds, names: dict[str, str], det: str, key: str, value: Any,
+def _apply(th: dict[str, dict[str, Any]], names: dict[str, str], det: str, key: str, value: Any,
            where: str) -> None:
     if det not in names:
         raise ConfigError(f"{where}: unknown detector {det!r} (known: {', '.join(sorted(th))})")
@@ -113,13 +144,20 @@ def load_file(path: Path) -> dict[str, Any]:
 
 
 def resolve(modules: Iterable[ModuleType], overrides: Any = None,
-            config_file: Path | str | None = None) -> Thresholds:
-    """Effective thresholds: DEFAULTS, then ``config_file``, then ``overrides``.
+            config_file: Path | str | None = None) -> dict[str, Thresholds]:
+    """detector id -> its effective :class:`Thresholds`: DEFAULTS, then ``config_file``,
+    then ``overrides``.
 
     ``overrides`` is ``None``, a mapping ``{detector: {key: value}}`` or an iterable of
     ``"detector.key=value"`` strings (as given to ``--set``).
     """
     modules = list(modules)
+    values = _values(modules, overrides, config_file)
+    return {mod.ID: of(mod, values[mod.ID]) for mod in modules}
+
+
+def _values(modules: list[ModuleType], overrides: Any,
+            config_file: Path | str | None) -> dict[str, dict[str, Any]]:
     th = defaults(modules)
     names = _aliases(modules)
     if config_file is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from trace_helpers import ALEXNET, CPU_ONLY, NCCL_NS, ROCM, SAMPLED, X, ctx_over, table_of
+from tracealyze.analyzer.diagnosis import thresholds
 from tracealyze.analyzer.diagnosis.detectors import gpu_idle, host_sync, top_ops
 from tracealyze.analyzer.diagnosis.findings import FINDING_IDS
 from tracealyze.analyzer.ingest.read import TRACE_EVENTS_SCHEMA, read_trace
@@ -13,7 +14,7 @@ DETECTORS = (gpu_idle, host_sync, top_ops)
 
 def run(mod, path_or_table, **overrides):
     t = table_of(path_or_table) if not hasattr(path_or_table, "schema") else path_or_table
-    return mod.detect(ctx_over(t), {**mod.DEFAULTS, **overrides})
+    return mod.detect(ctx_over(t), thresholds.of(mod, overrides))
 
 
 def test_protocol() -> None:

@@ -10,7 +10,7 @@ the protocol). It defines:
   "gradients", ...): a run without it lists the detector under ``not_checked``;
 * ``DEFAULTS: dict[str, float | int | bool | str]`` — its documented thresholds; the user
   overrides them with ``--set <ID>.<key>=<value>`` or a config file;
-* ``def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]``.
+* ``def detect(ctx: Context, th: Thresholds) -> list[Finding]``.
 
 Optional: ``ALIASES: tuple[str, ...]`` (other names accepted in ``--set``), ``DOC: dict``
 with ``meaning``, ``rule`` and ``fixes`` (rendered into README's findings table).
@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..findings import FINDING_IDS, Finding
+from ..thresholds import Thresholds
 
 if TYPE_CHECKING:
     from ...run.catalog import Run
@@ -37,7 +38,7 @@ class Detector(Protocol):
     NEEDS: tuple[str, ...]
     DEFAULTS: dict[str, Any]
 
-    def detect(self, ctx: Context, th: Mapping[str, Any]) -> list[Finding]: ...
+    def detect(self, ctx: Context, th: Thresholds) -> list[Finding]: ...
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Context:
     """Everything a detector may look at. Shared, expensive results are cached here."""
 
     run: Run
-    thresholds: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    thresholds: Mapping[str, Thresholds] = field(default_factory=dict)
     """detector id -> effective thresholds (defaults with the user's overrides)."""
     cache: dict[str, Any] = field(default_factory=dict)
 

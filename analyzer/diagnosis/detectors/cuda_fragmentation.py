@@ -3,12 +3,12 @@ retry allocations (cudaMalloc failed → cache flushed → slow), or hit OOMs.""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from .base import Context
 
 ID = "cuda_fragmentation"
@@ -28,7 +28,7 @@ DOC = {
 }
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     rows = ctx.rows(
         """
         SELECT rank,
@@ -54,7 +54,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                 message=f"The CUDA allocator reported {ooms} OOM(s) on rank {r}, first at "
                         f"step {first_oom}.",
                 advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
-        elif retries and retries > th["max_retries"]:
+        elif retries and retries > th.max_retries:
             out.append(Finding(
                 id=ID, severity="warning", subject="cuda_alloc_retries",
                 first_step=first_retry,
@@ -64,7 +64,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                          "each retry synchronises and slows the step."
                          + (f" Reserved/allocated ≈ {ratio:.1f}." if ratio else "")),
                 advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
-        elif ratio and gap and ratio > th["max_reserved_ratio"] and gap >= th["min_gap_bytes"]:
+        elif ratio and gap and ratio > th.max_reserved_ratio and gap >= th.min_gap_bytes:
             out.append(Finding(
                 id=ID, severity="warning", subject="cuda_reserved_bytes", first_step=first,
                 title=f"CUDA memory fragmented on rank {r} (reserved {ratio:.1f}× allocated)",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _data
 from .base import Context
 
@@ -34,35 +34,35 @@ DOC = {
 }
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     worst = None
     shares = {}
     for r, d in _data.steps(ctx).items():
-        sel = (d["step"] >= d["step"][0] + th["warmup_steps"]) & np.isfinite(d["data_wait_s"]) \
+        sel = (d["step"] >= d["step"][0] + th.warmup_steps) & np.isfinite(d["data_wait_s"]) \
             & np.isfinite(d["duration_s"]) & (d["duration_s"] > 0)
-        if sel.sum() < th["min_steps"]:
+        if sel.sum() < th.min_steps:
             continue
         wait, dur, step = d["data_wait_s"][sel], d["duration_s"][sel], d["step"][sel]
         share = float(np.clip(wait, 0, None).sum() / dur.sum())
         shares[r] = share
         if worst is None or share > worst[1]:
             worst = (r, share, wait, dur, step)
-    if worst is None or worst[1] < th["warn_share"]:
+    if worst is None or worst[1] < th.warn_share:
         return []
     r, share, wait, dur, step = worst
-    k = int(th["window"])
+    k = int(th.window)
     first = int(step[0])
     if len(wait) >= k:
         cw, cd = np.cumsum(np.r_[0, wait]), np.cumsum(np.r_[0, dur])
         win = (cw[k:] - cw[:-k]) / np.maximum(cd[k:] - cd[:-k], 1e-12)
-        above = np.flatnonzero(win >= th["warn_share"])
+        above = np.flatnonzero(win >= th.warn_share)
         if len(above):
             # the first step inside that window that itself waits that long
             a = int(above[0])
-            own = np.flatnonzero(wait[a:a + k] >= th["warn_share"] * dur[a:a + k])
+            own = np.flatnonzero(wait[a:a + k] >= th.warn_share * dur[a:a + k])
             first = int(step[a + (own[0] if len(own) else 0)])
-    sev = "error" if share >= th["error_share"] else "warning"
-    if float(wait.mean()) < th["min_wait_s"] or float(wait.sum()) < th["min_total_s"]:
+    sev = "error" if share >= th.error_share else "warning"
+    if float(wait.mean()) < th.min_wait_s or float(wait.sum()) < th.min_total_s:
         sev = "info"  # a large share of almost nothing
     return [Finding(
         id=ID, severity=sev, subject="dataloader", first_step=first,

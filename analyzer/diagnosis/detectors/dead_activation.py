@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _data
 from .base import Context
 
@@ -28,19 +28,19 @@ DOC = {
 }
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     acts = _data.series_of(ctx, "activation")
     if not acts:
         return []
     nb = int(max(s["bucket"].max() for s in acts.values())) + 1
-    start = int(nb * (1 - float(th["window_frac"])))
+    start = int(nb * (1 - float(th.window_frac)))
     dead = []
     for name, s in acts.items():
         sel = (s["bucket"] >= start) & np.isfinite(s["zero_frac"])
-        if sel.sum() < th["min_points"]:
+        if sel.sum() < th.min_points:
             continue
         z = float(np.average(s["zero_frac"][sel], weights=s["n"][sel]))
-        if z >= th["min_zero_frac"]:
+        if z >= th.min_zero_frac:
             dead.append((z, name, int(s["step0"][sel][0])))
     if not dead:
         return []

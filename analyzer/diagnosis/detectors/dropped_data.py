@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..findings import Finding
+from ..thresholds import Thresholds
 from .base import Context
 
 ID = "dropped_data"
@@ -34,7 +35,7 @@ def _counters(meta: Mapping[str, Any]) -> tuple[dict[str, int], int]:
     return dropped, int(errs) if isinstance(errs, (int, float)) else 0
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     run = ctx.run
     dropped: dict[str, int] = {}
     errors = 0
@@ -61,7 +62,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     out = []
     total_dropped = sum(dropped.values())
     n_err = max(errors, events.get("recorder_error", (0, None, None))[0])
-    if total_dropped > th["max_dropped_rows"] or n_err > th["max_recorder_errors"] \
+    if total_dropped > th.max_dropped_rows or n_err > th.max_recorder_errors \
             or "dropped_data" in events:
         parts = []
         if total_dropped:

@@ -7,13 +7,13 @@ rank whose idle share is above ``max_idle_pct``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from ...gpu.gputime import gpu_time_breakdown, gpu_time_by_step
 from ...gpu.memo import shared
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from .base import Context
 
 ID = "gpu_idle"
@@ -44,12 +44,12 @@ def _pct(part: float, total: float) -> float:
     return round(100.0 * part / total, 2) if total > 0 else 0.0
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     cache = ctx.cache
     rows = shared(cache, ctx.con, gpu_time_breakdown)
-    limit = float(th.get("max_idle_pct", DEFAULTS["max_idle_pct"]))
-    error_at = float(th.get("error_idle_pct", DEFAULTS["error_idle_pct"]))
-    min_total = float(th.get("min_total_us", DEFAULTS["min_total_us"]))
+    limit = float(th.max_idle_pct)
+    error_at = float(th.error_idle_pct)
+    min_total = float(th.min_total_us)
     flagged = [
         r for r in rows
         if r["total_us"] >= min_total and _pct(r["idle_us"], r["total_us"]) > limit

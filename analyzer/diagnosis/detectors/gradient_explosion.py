@@ -17,6 +17,7 @@ import numpy as np
 from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _changes, _data
 from .base import Context
 
@@ -59,16 +60,16 @@ DOC = {
 
 
 def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
-                   th: Mapping[str, Any], onset_min: int = 0) -> dict[str, Any] | None:
+                   th: Thresholds, onset_min: int = 0) -> dict[str, Any] | None:
     """Onset/crossing of a sustained rise in a log-norm series (NaN = missing point) whose
     onset is at or after step ``onset_min`` (the end of the run's warm-up)."""
     ok = np.isfinite(logn)
     step, x = step[ok], logn[ok]
-    keep = step >= (step[0] + th["warmup_steps"] if len(step) else 0)
+    keep = step >= (step[0] + th.warmup_steps if len(step) else 0)
     step, x = step[keep], x[keep]
-    if len(x) < th["min_points"]:
+    if len(x) < th.min_points:
         return None
-    xs = _stats.rolling_median(x, int(th["smooth"]))
+    xs = _stats.rolling_median(x, int(th.smooth))
     w = max(2, int(window_pts))
     pad = np.concatenate([np.full(w, np.inf), xs])
     win = np.lib.stride_tricks.sliding_window_view(pad, w + 1)[:, :-1]  # previous w points
@@ -79,7 +80,7 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     # rebounds 10x from a single deep dip back to its usual level without growing at all.
     # (all-NaN padding windows give NaN)
     typical = _stats.nanmedian(np.where(np.isinf(win), np.nan, win), axis=1)
-    need = math.log(float(th["factor"]))
+    need = math.log(float(th.factor))
     with np.errstate(invalid="ignore"):
         # (a third of the rise above the window's median: steady 5%-a-step growth sits half
         # way up its own window, a rebound from one deep dip sits at the median)
@@ -92,15 +93,15 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # raw one (a noisy norm growing 5% a step has only ~60% rising raw steps)
         seg = xs[j:i + 1]
         up = float(np.mean(np.diff(seg) > 0)) if len(seg) > 1 else 0.0
-        if up < th["min_up_frac"] and not (
+        if up < th.min_up_frac and not (
                 len(seg) >= 8 and _stats.mann_kendall(x[j:i + 1])[1] < 0.001):
             continue
-        rest = xs[i:i + int(th["sustain"])]
+        rest = xs[i:i + int(th.sustain)]
         # NaN/Inf right after the growth ends it; NaN long after (a bad batch 150 steps
         # later) says nothing about this rise
         nan_ends_it = ends_nonfinite and len(xs) - i <= w
         sustained = bool(np.all(rest >= lo[i] + need / 2)) and (
-            len(rest) >= th["sustain"] or nan_ends_it or i + len(rest) == len(xs))
+            len(rest) >= th.sustain or nan_ends_it or i + len(rest) == len(xs))
         if not sustained:
             continue
         # onset: the last point still at the typical level before the rise (a flat, noisy
@@ -118,7 +119,7 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # the rise must also clear the series' typical level since warm-up (not just a
         # local dip) and actually go up from where it started
         baseline = float(np.median(xs[:j + 1]))
-        peak = float(np.max(xs[i:i + int(th["sustain"]) + 1]))
+        peak = float(np.max(xs[i:i + int(th.sustain) + 1]))
         if peak - baseline < need or x[i] <= x[j]:
             continue
         slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
@@ -220,13 +221,13 @@ def _learned_through(ctx: Context, res: Mapping[str, Any]) -> bool:
     return float(np.median(end)) < float(np.median(at)) - 2 * noise
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     total = None
     typical_total = None
     r = _data.primary_rank(ctx, "grad_norm")
     lo, hi = _data.step_range(ctx)
     onset_min = 0 if lo is None else lo + max(
-        int(th["warmup_steps"]), int(float(th["warmup_frac"]) * (hi - lo + 1)))
+        int(th.warmup_steps), int(float(th.warmup_frac) * (hi - lo + 1)))
     if r is not None:
         d = _data.steps(ctx)[r]
         g0 = d["grad_norm"][np.isfinite(d["grad_norm"]) & (d["grad_norm"] > 0)]
@@ -238,11 +239,11 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             logn = np.where(given & np.isfinite(g) & (g > 0), np.log(g), np.nan)
         bad = np.flatnonzero(given & ~np.isfinite(g))
         cut = bad[0] if len(bad) else len(g)
-        total = find_explosion(d["step"][:cut], logn[:cut], bool(len(bad)), int(th["window"]),
+        total = find_explosion(d["step"][:cut], logn[:cut], bool(len(bad)), int(th.window),
                                th, onset_min)
         if total is not None:
             total["first_nonfinite"] = _nan_after(total, int(d["step"][bad[0]]) if len(bad)
-                                                  else None, int(th["window"]))
+                                                  else None, int(th.window))
     layers = []
     tb = _data.tensor_buckets(ctx)
     size = tb["bucket_size"]
@@ -250,22 +251,22 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         bad = np.flatnonzero(s["n_nonfinite"] > 0)
         cut = bad[0] if len(bad) else len(s["step0"])
         res = find_explosion(s["step0"][:cut].astype(np.int64), s["log_norm"][:cut],
-                             bool(len(bad)), max(2, int(th["window"]) // size), th,
+                             bool(len(bad)), max(2, int(th.window) // size), th,
                              onset_min)
         if res is not None and typical_total is not None and \
-                res["max"] < float(th["min_share"]) * typical_total:
+                res["max"] < float(th.min_share) * typical_total:
             res = None  # grows, but stays negligible next to the whole model's gradient
         if res is not None:
             res["name"] = name
             # a NaN is this tensor's doing only when its gradient grew far past the model's
             # usual total on the way (BERT's query weights grow 1000x to an ordinary level
             # while they learn; a forward NaN after that is not their explosion)
-            big = typical_total is None or res["max"] >= float(th["factor"]) * typical_total
+            big = typical_total is None or res["max"] >= float(th.factor) * typical_total
             res["into_end"] = res["into_end"] and big
             res["may_end_in_nan"] = big
             res["first_nonfinite"] = _nan_after(
                 res, int(s["first_nonfinite"][bad[0]]) if len(bad) and big else None,
-                int(th["window"]))
+                int(th.window))
             layers.append(res)
     # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the
     # norms grow. A layer whose gradient grows while the loss keeps falling is learning
@@ -274,9 +275,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     # (Unless the growth dwarfs the whole model's usual gradient: a layer ending 10x above
     # the total's typical level is abnormal whatever the loss does yet.)
     def extreme(x: Mapping[str, Any]) -> bool:
-        return typical_total is not None and x["max"] >= float(th["factor"]) * typical_total
+        return typical_total is not None and x["max"] >= float(th.factor) * typical_total
 
-    win = int(th["window"])
+    win = int(th.window)
 
     def real(x: Mapping[str, Any] | None) -> bool:
         return x is not None and not _learned_through(ctx, x) and (

@@ -18,7 +18,6 @@ stops is outside them). Blocked time is the duration of the sync op or call on t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +25,7 @@ import pyarrow as pa
 from ...gpu.vocabulary import GPU_OR_LAUNCH_SQL, GPU_SIDE_SQL, LAUNCH_SQL, MEMCPY_SQL, SYNC_SQL
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from .base import Context
 
 ID = "host_sync"
@@ -147,7 +147,7 @@ def _sites(rows: list[tuple]) -> list[tuple]:
     return out
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     con = ctx.con
     rows = con.execute(_SITES_SQL).fetchall()
     if not rows:
@@ -157,9 +157,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     sites = _sites(rows)
     if not sites:
         return []
-    max_per_step = float(th.get("max_syncs_per_step", DEFAULTS["max_syncs_per_step"]))
-    max_blocked = float(th.get("max_blocked_pct", DEFAULTS["max_blocked_pct"]))
-    top_n = int(th.get("top_sites", DEFAULTS["top_sites"]))
+    max_per_step = float(th.max_syncs_per_step)
+    max_blocked = float(th.max_blocked_pct)
+    top_n = int(th.top_sites)
 
     stacks = _stacks(con, sites)
     step_time = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -10,6 +9,7 @@ import numpy as np
 from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _changes, _data
 from .base import Context
 
@@ -43,7 +43,7 @@ DOC = {
 }
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     r = _data.primary_rank(ctx, "loss")
     if r is None:
         return []
@@ -51,7 +51,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     step_all, loss_all = d["step"], d["loss"]
     has = d["loss_given"]
     finite = np.isfinite(loss_all)
-    if finite.sum() < th["min_steps"]:
+    if finite.sum() < th.min_steps:
         return []
     # a loss that ends nonfinite has diverged; use the finite prefix for the shape
     tail_nonfinite = bool(has.any() and not finite[np.flatnonzero(has)[-1]])
@@ -60,12 +60,12 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         # long runs: window medians first (the shape is what matters; keeps this O(n))
         x, y = _stats.bucket_series(step.astype(np.float64), loss, MAX_POINTS, how="median")
         step, loss = x.astype(np.int64), y
-    w = max(int(th["smooth_min"]), int(len(loss) * float(th["smooth_frac"])))
+    w = max(int(th.smooth_min), int(len(loss) * float(th.smooth_frac)))
     sm = _stats.rolling_median(loss, w)
     ib = int(np.nanargmin(sm))
     best = float(sm[ib])
     start = float(np.median(sm[: max(1, w)]))
-    tail = max(w, int(len(loss) * float(th["tail_frac"])))
+    tail = max(w, int(len(loss) * float(th.tail_frac)))
     end = float(np.median(loss[-tail:]))
     ref = max(start - best, 1e-12)
     after = sm[ib:]
@@ -81,8 +81,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     upto = loss[:ib + w] if ib + w >= 10 else loss
     noise = _stats.mad_sigma(np.diff(upto)) / np.sqrt(2.0)
     best_level = float(np.nanmin(_stats.rolling_median(loss, max(w, tail // 2))))
-    rose = (end - best > th["rise"] * ref and end - best > th["rise_abs"] * abs(best)
-            and end - best_level > th["noise_sigmas"] * noise and ib < len(sm) - tail)
+    rose = (end - best > th.rise * ref and end - best > th.rise_abs * abs(best)
+            and end - best_level > th.noise_sigmas * noise and ib < len(sm) - tail)
     if not rose:
         return []
     level = end if not tail_nonfinite else float("inf")

@@ -5,7 +5,6 @@ Debugger's LossNotDecreasing). A plateau covering most of the run means it never
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import numpy as np
 from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _changes, _data, _structure
 from .base import Context
 
@@ -45,31 +45,31 @@ DOC = {
 }
 
 
-def _decreasing(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+def _decreasing(y: np.ndarray, th: Thresholds) -> bool:
     """Does the reduced series y fall meaningfully and significantly?"""
     k = max(1, len(y) // 5)
     drop = float(np.median(y[:k]) - np.median(y[-k:]))
     level = max(float(np.median(np.abs(y))), 1e-12)
-    if drop < th["min_rel_decrease"] * level:
+    if drop < th.min_rel_decrease * level:
         return False
     z, p = _stats.mann_kendall(y)
-    return z < 0 and p < th["max_p"]
+    return z < 0 and p < th.max_p
 
 
-def _climbs(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+def _climbs(y: np.ndarray, th: Thresholds) -> bool:
     """Does the reduced series rise meaningfully and significantly? Then it is not a
     plateau: it diverges (loss_divergence's job), and a span that holds both the learning
     and the divergence is neither."""
     k = max(1, len(y) // 5)
     rise = float(np.max(y[k:]) if len(y) > k else y[-1]) - float(np.median(y[:k]))
     level = max(float(np.median(np.abs(y))), 1e-12)
-    if rise < th["min_rel_decrease"] * level * 10:
+    if rise < th.min_rel_decrease * level * 10:
         return False
     z, p = _stats.mann_kendall(y)
-    return z > 0 and p < th["max_p"]
+    return z > 0 and p < th.max_p
 
 
-def _flat(y: np.ndarray, th: Mapping[str, Any]) -> bool:
+def _flat(y: np.ndarray, th: Thresholds) -> bool:
     """Does the reduced series stay within a narrow band (the medians of its five
     consecutive blocks within flat_band of its level plus 4x the noise of consecutive window
     medians)? A span that holds both progress and a setback is not a plateau, even if it
@@ -77,21 +77,21 @@ def _flat(y: np.ndarray, th: Mapping[str, Any]) -> bool:
     blocks = [float(np.median(b)) for b in np.array_split(y, min(5, len(y))) if len(b)]
     level = max(float(np.median(np.abs(y))), 1e-12)
     noise = _stats.mad_sigma(np.diff(y)) / np.sqrt(2.0)
-    band = th["flat_band"] * level + 4 * noise
+    band = th.flat_band * level + 4 * noise
     # and it starts at that level (not on the way there)
     head = float(np.median(y[:max(3, len(y) // 20)]))
     return max(blocks) - min(blocks) <= band and abs(head - float(np.median(y))) <= band
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
-    series = _data.finite_loss(ctx, int(th["min_steps"]))
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+    series = _data.finite_loss(ctx, int(th.min_steps))
     if series is None:
         return []
     r, step, loss = series
-    x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th["points"]), how="median")
+    x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th.points), how="median")
     npts = len(x)
     span = float(step[-1] - step[0]) or 1.0
-    min_len = max(float(th["window_frac"]) * span, float(th["window_min"]))
+    min_len = max(float(th.window_frac) * span, float(th.window_min))
     # smallest start index i whose tail [i:] is long enough and not decreasing
     plateau_i = None
     for i in range(npts):
@@ -113,8 +113,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     k = max(1, len(y) // 20)
     start_level = float(np.median(y[:k]))
     drop = (start_level - float(np.median(y[plateau_i:]))) / max(abs(start_level), 1e-12)
-    sev = "warning" if (frac >= th["warn_frac"] and not _decreasing(y, th)) or (
-        frac >= th["stall_frac"] and drop < th["stall_drop"]) else "info"
+    sev = "warning" if (frac >= th.warn_frac and not _decreasing(y, th)) or (
+        frac >= th.stall_frac and drop < th.stall_drop) else "info"
     level = float(np.median(y[plateau_i:]))
     never = sev == "warning"
     title = "Loss is not decreasing" if never else "Loss has plateaued"
@@ -137,7 +137,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         id=ID, severity=sev, subject="loss", first_step=first, title=title,
         message=(f"From step {first} to {int(step[-1])} ({100 * frac:.0f}% of the run) the "
                  f"loss stayed around {level:.4g} without a significant decrease (less than "
-                 f"{100 * th['min_rel_decrease']:.0f}% or not significant)."
+                 f"{100 * th.min_rel_decrease:.0f}% or not significant)."
                  + (" The model does not seem to learn." if never else "") + lr_note),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -10,6 +9,7 @@ import numpy as np
 from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _changes, _data
 from .base import Context
 
@@ -35,39 +35,39 @@ DOC = {
 }
 
 
-def find_spikes(step: np.ndarray, loss: np.ndarray, th: Mapping[str, Any]
+def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """(spike indices, local median, residual, σ) over the finite part of the series."""
-    base = _stats.rolling_median(loss, int(th["window"]))
+    base = _stats.rolling_median(loss, int(th.window))
     resid = loss - base
     sigma = _stats.mad_sigma(resid)
-    floor = float(th["min_rel_jump"]) * np.abs(base)
+    floor = float(th.min_rel_jump) * np.abs(base)
     # A spike is also a jump up from the level just before it (median of the previous half
     # window). Near the start the centred window is cut off: while the loss still falls fast
     # its median lies far below the first losses, which would otherwise all look like spikes
     # (the first step, with nothing before it, never is one).
-    h = max(1, int(th["window"]) // 2)
+    h = max(1, int(th.window) // 2)
     before = np.lib.stride_tricks.sliding_window_view(
         np.concatenate([np.full(h, np.nan), loss.astype(np.float64)]), h)[:-1]
     prev = _stats.nanmedian(before, axis=1)  # all-NaN windows (step 0) → NaN
     jump = loss - prev
-    thr = th["z"] * max(sigma, 1e-12)
+    thr = th.z * max(sigma, 1e-12)
     with np.errstate(invalid="ignore"):
         hit = (np.isfinite(loss) & (resid > thr) & (resid > floor)
-               & (jump > thr) & (jump > float(th["min_rel_jump"]) * np.abs(prev)))
+               & (jump > thr) & (jump > float(th.min_rel_jump) * np.abs(prev)))
     # A spike comes back down; a loss that stays up is divergence (its own detector).
-    k = max(1, int(th["recover_steps"]))
+    k = max(1, int(th.recover_steps))
     after = np.lib.stride_tricks.sliding_window_view(
         np.concatenate([loss.astype(np.float64)[1:], np.full(k, np.nan)]), k)[: len(loss)]
     later = _stats.nanmedian(after, axis=1)
     with np.errstate(invalid="ignore"):
-        recovers = ~(later > prev + float(th["recover_frac"]) * jump)  # NaN (end) counts
+        recovers = ~(later > prev + float(th.recover_frac) * jump)  # NaN (end) counts
         hit &= recovers & ~(np.isnan(later) & (np.arange(len(loss)) < len(loss) - 1))
     return np.flatnonzero(hit), base, resid, sigma
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
-    series = _data.finite_loss(ctx, int(th["min_steps"]))
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+    series = _data.finite_loss(ctx, int(th.min_steps))
     if series is None:
         return []
     r, step, loss = series
@@ -77,7 +77,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
     first = idx[0]
     spikes = [int(s) for s in step[idx][:20]]
-    sev = "error" if len(idx) >= th["error_count"] else "warning"
+    sev = "error" if len(idx) >= th.error_count else "warning"
     # a learning rate rising into the spikes (a ramp, an endless warm-up) is their cause
     ramp = _changes.lr_ramp(ctx, int(step[first]) - 10, int(step[first]))
     return [Finding(

@@ -9,7 +9,6 @@ Mann–Kendall test; a practical size threshold keeps tiny slow drifts out.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from ...stats import robust as _stats
 from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _data
 from .base import Context
 
@@ -92,19 +92,19 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
     return int(step[i + int(up[0])]) if len(up) else None
 
 
-def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any],
+def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
              min_growth: float | None = None, min_frac: float | None = None,
              precise: bool = False) -> dict[str, Any] | None:
     ok = np.isfinite(val)
     step, val = step[ok], val[ok]
-    if len(step) < th["min_steps"]:
+    if len(step) < th.min_steps:
         return None
-    skip = max(int(th["warmup_steps"]), int(len(step) * float(th["warmup_frac"])))
+    skip = max(int(th.warmup_steps), int(len(step) * float(th.warmup_frac)))
     keep = step >= step[0] + skip
     s, v = step[keep], val[keep]
-    if len(s) < th["min_steps"]:
+    if len(s) < th.min_steps:
         return None
-    x, y = _stats.bucket_series(s.astype(np.float64), v, int(th["windows"]), how="min")
+    x, y = _stats.bucket_series(s.astype(np.float64), v, int(th.windows), how="min")
     if len(x) < 6:
         return None
     slope, _ = _stats.theil_sen(x, y)
@@ -113,11 +113,11 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Mapping[str, Any],
     start = float(np.median(y[:3]))
     half = len(x) // 2
     tail_slope, _ = _stats.theil_sen(x[half:], y[half:])
-    if not (slope >= th["min_slope_bytes"] and z > 0 and p < th["max_p"]
-            and growth >= (th["min_growth_bytes"] if min_growth is None else min_growth)
-            and growth >= (th["min_growth_frac"] if min_frac is None else min_frac) * max(
+    if not (slope >= th.min_slope_bytes and z > 0 and p < th.max_p
+            and growth >= (th.min_growth_bytes if min_growth is None else min_growth)
+            and growth >= (th.min_growth_frac if min_frac is None else min_frac) * max(
                 start, 1.0)
-            and tail_slope >= th["tail_ratio"] * slope):
+            and tail_slope >= th.tail_ratio * slope):
         return None
     # onset: the last window whose floor is still at the starting level (within a robust
     # noise margin) before it leaves it for good. Not the first window above it: allocator
@@ -179,7 +179,7 @@ def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
     return step[keep], val[keep]
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     cols = ctx.arrays(
         "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, heap_bytes::DOUBLE AS heap_bytes, "
         "cuda_allocated_bytes::DOUBLE AS cuda_allocated_bytes, "
@@ -198,8 +198,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         best: tuple[int, dict[str, Any]] | None = None
         leaking = []
         heap = counter == "heap_bytes"
-        min_growth = th["min_growth_heap_bytes"] if heap else None
-        min_frac = th["min_growth_heap_frac"] if heap else None
+        min_growth = th.min_growth_heap_bytes if heap else None
+        min_frac = th.min_growth_heap_frac if heap else None
         for r, sel in slices:
             vals = np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64)
             steps = np.asarray(cols["step"][sel], np.int64)
@@ -223,7 +223,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             "floor_end_bytes": int(res["end"]), "p_value": res["p"],
             "steps_analysed": res["steps"], "rank": r, "ranks_leaking": leaking,
         }
-        severity = ("error" if res["slope"] * 10_000 >= th["error_bytes_per_10k_steps"]
+        severity = ("error" if res["slope"] * 10_000 >= th.error_bytes_per_10k_steps
                     else "warning")
         oom = ""
         if counter == "cuda_allocated_bytes" and res.get("total"):

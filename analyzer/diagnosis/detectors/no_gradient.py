@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _data, _structure
 from .base import Context
 
@@ -60,9 +61,9 @@ def recorded_steps(ctx: Context) -> int:
     return int(ctx.rows("SELECT count(DISTINCT step) FROM steps")[0][0] or 0)
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     cov = _structure.coverage(ctx)
-    if cov is None or recorded_steps(ctx) < int(th["min_steps"]):
+    if cov is None or recorded_steps(ctx) < int(th.min_steps):
         return []
     out = []
     unused = set(_structure.structure(ctx)["not_called"])

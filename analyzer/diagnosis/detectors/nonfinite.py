@@ -10,11 +10,11 @@ reported as info unless frequent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _changes, _data
 from .base import Context
 
@@ -57,7 +57,7 @@ def _first_steps(ctx: Context) -> dict[str, Any]:
     return q
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     q = _first_steps(ctx)
     candidates = [v for v in q.values() if v is not None]
     if not candidates:
@@ -130,7 +130,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     if q["loss"] is None and amp[1] and q["activation"] is None:
         skip_frac = amp[0] / max(amp[1], 1)
         ev["amp_skipped_steps"] = int(amp[0])
-        if skip_frac <= th["amp_skip_frac"]:
+        if skip_frac <= th.amp_skip_frac:
             return [Finding(
                 id=ID, severity="info", subject=subject, first_step=first,
                 title="Gradient overflows skipped by the GradScaler",

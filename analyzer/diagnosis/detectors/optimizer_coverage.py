@@ -9,11 +9,11 @@ From the recorder's ``param_coverage`` events (recorder/coverage.py), which comp
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _structure, no_gradient
 from .base import Context
 
@@ -41,7 +41,7 @@ def _changed(ctx: Context) -> tuple[set[str], set[str]]:
     return ({str(n) for n, ch, _ in rows if ch}, {str(n) for n, _, c in rows if c >= 2})
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     cov = _structure.coverage(ctx)
     if cov is None or not cov["optimizer_known"]:
         return []

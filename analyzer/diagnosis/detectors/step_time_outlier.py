@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -10,6 +9,7 @@ import numpy as np
 from ...stats.steptime import outliers
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _data
 from .base import Context
 
@@ -45,7 +45,7 @@ DOC = {
 }
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     best = None
     knobs = ctx.run.meta.get("knobs") or {}
     for r, d in _data.steps(ctx).items():
@@ -67,9 +67,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                     "threshold": rule["threshold"]}
     if best is None:
         return []
-    busy = _machine_busy(ctx, best, th["busy_cpu_percent"], float(th["others_cores"]))
-    sev = ("warning" if best["share"] >= th["warn_time_share"]
-           and best["excess"] >= th["min_excess_s"] and busy is None else "info")
+    busy = _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores))
+    sev = ("warning" if best["share"] >= th.warn_time_share
+           and best["excess"] >= th.min_excess_s and busy is None else "info")
     n = len(best["steps"])
     i = int(np.argmax(best["durs"]))
     return [Finding(

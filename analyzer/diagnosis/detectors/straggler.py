@@ -13,7 +13,6 @@ the same rank, one finding carries both.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from ...gpu.memo import shared
 from ...gpu.stragglers import collective_lateness, trace_stragglers
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _data
 from .base import Context
 
@@ -53,13 +53,13 @@ DOC = {
 }
 
 
-def _aligned(per_rank: dict[int, dict[str, np.ndarray]], col: str, th: Mapping[str, Any]
+def _aligned(per_rank: dict[int, dict[str, np.ndarray]], col: str, th: Thresholds
              ) -> tuple[list[int], np.ndarray, np.ndarray]:
     ranks = sorted(per_rank)
     common = None
     for r in ranks:
         d = per_rank[r]
-        ok = np.isfinite(d[col]) & (d["step"] >= d["step"][0] + th["warmup_steps"])
+        ok = np.isfinite(d[col]) & (d["step"] >= d["step"][0] + th.warmup_steps)
         s = d["step"][ok]
         common = s if common is None else np.intersect1d(common, s)
     if common is None or len(common) == 0:
@@ -88,7 +88,7 @@ def median_of_others(m: np.ndarray) -> np.ndarray:
     return 0.5 * (kth_without((n - 1) // 2 - 1) + kth_without((n - 1) // 2))
 
 
-def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def _from_steps(ctx: Context, th: Thresholds) -> list[Finding]:
     per_rank = _data.steps(ctx)
     if len(per_rank) < 2:
         return []
@@ -98,20 +98,20 @@ def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     for col, what in (("compute_s", "compute before the gradient all-reduce"),
                       ("duration_s", "step time")):
         ranks, steps, dur = _aligned(per_rank, col, th)
-        if len(steps) < th["min_steps"]:
+        if len(steps) < th.min_steps:
             continue
         others_all = median_of_others(dur)
         for i, r in enumerate(ranks):
             others = others_all[i]
             slow = float(np.median(dur[i]) / max(np.median(others), 1e-12)) - 1
             consistent = float(np.mean(dur[i] > others))
-            if slow >= th["min_rel_slowdown"] and consistent >= th["min_consistency"]:
+            if slow >= th.min_rel_slowdown and consistent >= th.min_consistency:
                 found.append((slow, r, what, consistent, float(np.median(dur[i])),
                               float(np.median(others)), steps))
         if found:
             break
     ranks_w, steps_w, wait = _aligned(per_rank, "data_wait_s", th)
-    if len(steps_w) >= th["min_steps"] and not found:
+    if len(steps_w) >= th.min_steps and not found:
         _, _steps_d, dur_w = _aligned(per_rank, "duration_s", th)
         step_med = float(np.median(dur_w)) if dur_w.size else 0.0
         others_w = median_of_others(wait)
@@ -119,8 +119,8 @@ def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             others = others_w[i]
             extra = float(np.median(wait[i] - others))
             consistent = float(np.mean(wait[i] > others))
-            if step_med > 0 and extra / step_med >= th["min_wait_share"] \
-                    and consistent >= th["min_consistency"]:
+            if step_med > 0 and extra / step_med >= th.min_wait_share \
+                    and consistent >= th.min_consistency:
                 found.append((extra / step_med, r, "data wait", consistent,
                               float(np.median(wait[i])), float(np.median(others)), steps_w))
     if not found:
@@ -139,14 +139,14 @@ def _from_steps(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
                   "stragglers": sorted({x[1] for x in found})})]
 
 
-def _from_traces(ctx: Context, th: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _from_traces(ctx: Context, th: Thresholds) -> list[dict[str, Any]]:
     if not has_trace_events(ctx.con):
         return []
     rows = shared(ctx.cache, ctx.con, collective_lateness)
-    found = trace_stragglers(rows, min_late_share=float(th["min_late_share"]),
-                             min_consistency=float(th["min_consistency"]),
-                             min_z=float(th["min_late_z"]))
-    return [s for s in found if s["steps"] >= int(th["min_trace_steps"])]
+    found = trace_stragglers(rows, min_late_share=float(th.min_late_share),
+                             min_consistency=float(th.min_consistency),
+                             min_z=float(th.min_late_z))
+    return [s for s in found if s["steps"] >= int(th.min_trace_steps)]
 
 
 def _trace_text(s: dict[str, Any]) -> str:
@@ -155,7 +155,7 @@ def _trace_text(s: dict[str, Any]) -> str:
             f"{s['steps']} profiled steps, so every other rank waits for it there")
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     findings = _from_steps(ctx, th)
     traced = _from_traces(ctx, th)
     if not traced:

@@ -6,7 +6,6 @@ and by total time, and top GPU kernels by total time, over all ranks and traces.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from ...gpu.overview import CATEGORIES, step_overview
 from ...gpu.vocabulary import GPU_ACTIVITY_SQL, LAUNCH, sql_in
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from .base import Context
 
 ID = "top_ops"
@@ -95,9 +95,9 @@ def _self_times(con: Any) -> dict[str, list[float]]:
             for n, c, t, o in zip(uniq, calls, total, own, strict=True)}
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     con = ctx.con
-    n = int(th.get("top_n", DEFAULTS["top_n"]))
+    n = int(th.top_n)
     ops = _self_times(con)
     kernels = con.execute(_KERNELS_SQL).fetchall()
     if not ops and not kernels:

@@ -4,11 +4,11 @@ running, heartbeat stale), or is still in progress (info)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from .base import Context
 
 ID = "training_crashed"
@@ -47,7 +47,7 @@ def _last(step: int | None) -> str:
             else "no step had been recorded")
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     run = ctx.run
     last = ctx.rows("SELECT rank, max(step) FROM steps GROUP BY rank ORDER BY rank")
     last_step = {int(r): (int(s) if s is not None else None) for r, s in last}
@@ -80,7 +80,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             advice=DOC["fixes"], evidence=ev, chart=anchors.EVENTS)]
     if status != "running":
         return []
-    limit = float(th["stale_after_s"]) or run.stale_after_s
+    limit = float(th.stale_after_s) or run.stale_after_s
     stale = run.stale_ranks(limit)
     age = run.heartbeat_age_s()
     ev = {"status": status, "heartbeat_age_s": age, "stale_after_s": limit,

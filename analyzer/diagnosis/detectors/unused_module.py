@@ -9,11 +9,11 @@ forward) and ``param_coverage`` (their parameters never got a gradient afterward
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _structure, no_gradient
 from .base import Context
 
@@ -34,9 +34,9 @@ DOC = {
 }
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     cov = _structure.coverage(ctx)
-    if cov is None or no_gradient.recorded_steps(ctx) < int(th["min_steps"]):
+    if cov is None or no_gradient.recorded_steps(ctx) < int(th.min_steps):
         return []
     unused = set(_structure.structure(ctx)["not_called"])
     names = [n for n in cov["no_grad"] if _structure.module_of(n) in unused]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _data
 from .base import Context
 
@@ -31,18 +31,18 @@ DOC = {
 }
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     upd = _data.series_of(ctx, "update")
     if not upd:
         return []
     order = {n: i for i, n in enumerate(_data.model_order(ctx, "update"))}
     nb = int(max(s["bucket"].max() for s in upd.values())) + 1
-    start = int(nb * (1 - float(th["window_frac"])))
+    start = int(nb * (1 - float(th.window_frac)))
     high, low = [], []
     for name, s in upd.items():
         sel = s["bucket"] >= start
         n = s["n"][sel]
-        if n.sum() < th["min_points"]:
+        if n.sum() < th.min_points:
             continue
         zeros = s["n_ratio_zero"][sel].sum()
         lr = s["log_ratio"][sel]
@@ -52,9 +52,9 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
             low.append((0.0, name))
             continue
         g = float(np.exp(np.average(lr[ok], weights=np.maximum(nz, 1))))
-        if g > th["high"]:
+        if g > th.high:
             high.append((g, name))
-        elif g < th["low"]:
+        elif g < th.low:
             low.append((g, name))
     out = []
     for which, items in (("high", high), ("low", low)):
@@ -69,13 +69,13 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         total = len(upd)
         if which == "high":
             title = f"Updates too large in {len(items)} tensor(s)"
-            msg = (f"{len(items)} of {total} tensors change by more than {th['high']:g} of "
+            msg = (f"{len(items)} of {total} tensors change by more than {th.high:g} of "
                    f"their norm per step; worst {name}: ratio ≈ {val:.3g} (healthy ≈ 1e-3).")
         else:
             frozen = all(v == 0.0 for v, _ in items)
             title = ("Parameters are not being updated" if frozen and len(items) == total
                      else f"Updates too small in {len(items)} tensor(s)")
-            msg = (f"{len(items)} of {total} tensors change by less than {th['low']:g} of their "
+            msg = (f"{len(items)} of {total} tensors change by less than {th.low:g} of their "
                    f"norm per step" + (" (exactly zero updates)" if val == 0.0 else
                                        f"; smallest {name}: ratio ≈ {val:.3g}")
                    + " (healthy ≈ 1e-3).")

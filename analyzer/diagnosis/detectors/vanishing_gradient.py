@@ -12,6 +12,7 @@ import numpy as np
 from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
+from ..thresholds import Thresholds
 from . import _changes, _data, _structure
 from .base import Context
 
@@ -63,7 +64,7 @@ def _matrix(series: Mapping[str, Mapping[str, np.ndarray]], names: list[str], nb
     return m
 
 
-def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     grads = _data.series_of(ctx, "grad")
     if not grads:
         return []
@@ -76,11 +77,11 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     for i, n in enumerate(names):
         if n not in params:
             w[i] = np.nan
-    start = int(nb * (1 - float(th["window_frac"])))
+    start = int(nb * (1 - float(th.window_frac)))
     # Parameters whose gradient is (numerically) zero from the very first steps do not
     # *vanish*: they receive no gradient by construction (BERT's attention key bias: softmax
     # is invariant to it), or are unused. That is a different, informational finding.
-    early = g[:, :max(1, int(nb * float(th["early_frac"])))]
+    early = g[:, :max(1, int(nb * float(th.early_frac)))]
     with np.errstate(all="ignore"):  # (all-NaN columns give NaN)
         early_med = _stats.nanmedian(np.where(np.isfinite(early), early, np.nan), axis=0)
         early_rel = _stats.nanmax(early - early_med, axis=1) if len(names) >= 2 else \
@@ -96,8 +97,8 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         late_rel = _stats.nanmedian(np.where(np.isfinite(late), late, np.nan), axis=1)
     tiny = {names[i] for i in range(len(names))
             if not np.isfinite(early_rel[i]) or (
-                early_rel[i] < math.log(th["no_grad_rel"])
-                and not late_rel[i] >= math.log(th["no_grad_rel"])  # (a weight that grows)
+                early_rel[i] < math.log(th.no_grad_rel)
+                and not late_rel[i] >= math.log(th.no_grad_rel)  # (a weight that grows)
                 and not late_rel[i] < early_rel[i] - math.log(10.0))}
     learning = {n.rpartition(".")[0] for n in names if n not in tiny}  # modules
     no_grad = [i for i, n in enumerate(names) if n in tiny and n.rpartition(".")[0] in learning]
@@ -107,20 +108,20 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
     no_grad = sorted(set(no_grad) | {i for i, n in enumerate(names) if n in built})
     g, w = g[:, start:], w[:, start:]
     present = ~np.isnan(g)
-    if present.sum(axis=1).max(initial=0) < th["min_points"]:
+    if present.sum(axis=1).max(initial=0) < th.min_points:
         return []
     with np.errstate(all="ignore"):
         finite_g = np.where(np.isfinite(g), g, np.nan)
         med = _stats.nanmedian(finite_g, axis=0)  # median layer per bucket
-        rel_ok = (g - med < math.log(th["max_rel_median"])) if len(names) >= 2 else present
+        rel_ok = (g - med < math.log(th.max_rel_median)) if len(names) >= 2 else present
         gw = g - w
-        gw_ok = np.where(np.isnan(w), True, gw < math.log(th["max_grad_weight"]))
+        gw_ok = np.where(np.isnan(w), True, gw < math.log(th.max_grad_weight))
         if len(names) < 2 and np.isnan(w).all():
             return []  # nothing to compare against
         hit = present & rel_ok & gw_ok
     frac = hit.sum(axis=1) / np.maximum(present.sum(axis=1), 1)
     bad = [i for i in range(len(names))
-           if present[i].sum() >= th["min_points"] and frac[i] >= th["min_frac"]]
+           if present[i].sum() >= th.min_points and frac[i] >= th.min_frac]
     dead = [i for i in no_grad if i in set(bad) or names[i] in built]
     bad = [i for i in bad if i not in set(dead)]
     info = [_zero_by_construction([names[i] for i in dead], len(names), built)] if dead \
@@ -145,7 +146,7 @@ def detect(ctx: Context, th: Mapping[str, Any]) -> list[Finding]:
         id=ID, severity="warning", subject=names[worst], first_step=first_step,
         title=f"Vanishing gradients in {len(bad)} layer(s)",
         message=(f"{len(bad)} of {len(names)} layers get almost no gradient in the last "
-                 f"{100 * th['window_frac']:.0f}% of the run; worst {names[worst]}: "
+                 f"{100 * th.window_frac:.0f}% of the run; worst {names[worst]}: "
                  f"‖grad‖ ≈ {gnorm:.3g}"
                  + (f", {ratio:.2g} of its weight norm" if ratio is not None else "")
                  + (f", vs {math.exp(layer_med):.3g} for the median layer"
