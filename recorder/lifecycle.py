@@ -30,6 +30,7 @@ from .capture import StepAccum, pack
 from .gradients import due
 from .hooks import is_compiling
 from .rows import StepItem
+from .stepstate import StepMachine
 
 
 class StepLifecycle:
@@ -37,9 +38,7 @@ class StepLifecycle:
 
     # Set by Recorder.__init__ (declared for readers and type checkers).
     _closed: bool
-    _acc: StepAccum
-    _pending: StepAccum | None
-    _pending_sig: tuple[int, int] | None
+    _steps: StepMachine  # the open and the pending step (see stepstate)
     _grad_rows: bool
     _batch_noted: bool
     _lock: Any  # threading.RLock: the public calls may come from several threads
@@ -123,32 +122,16 @@ class StepLifecycle:
             return
         self._guard("optimizer_stepped", self._after_update)
 
+    @property
+    def _acc(self) -> StepAccum:
+        """The open step (collecting values now)."""
+        return self._steps.open
+
     def _step_ended(self, loss: Any, step: int | None, lr: Any,
                     metrics: dict[str, Any]) -> None:
         with self._lock:
-            acc = self._acc
             now = time.time()
-            pending = self._pending
-            if pending is not None:
-                if pending.grads_captured:
-                    # Gradients read: fold this call in only if the optimizer stepped in the
-                    # middle of the cycle's last micro-batch (`backward(); opt.step();
-                    # rec.step()`); otherwise (e.g. a step the GradScaler skipped, so no
-                    # post-hook came) the pending step is complete as it is.
-                    fold = pending.await_last
-                else:
-                    # rec.step() again before the optimizer stepped: a micro-batch of
-                    # gradient accumulation if a backward ran in between (fold it: a
-                    # recorded step is an optimizer step); else a step without an optimizer
-                    # step (evaluation, a skipped step), complete as it is.
-                    fold = self._reader.signature() != self._pending_sig
-                if fold:
-                    acc = pending
-                    acc.fold(self._acc)
-                    self._pending_sig = self._reader.signature()
-                else:
-                    self._commit(pending)
-                    self._pending = None
+            acc = self._steps.values_step()
             if step is not None:
                 acc.step = int(step)
             bad = [] if acc.add_scalar("loss", loss) else [("loss", loss)]
@@ -168,22 +151,18 @@ class StepLifecycle:
             acc.ended = now
             acc.duration_s = now - self._last_end
             self._last_end = now
-            self._acc = StepAccum(step=acc.step + 1)
+            # Complete when its gradients were read; without an optimizer they are read
+            # here. With one that has not stepped yet (rec.step() before opt.step()), its
+            # hooks attach the gradients (and update ratios), then the step commits.
+            complete = acc.grads_captured or (self.optimizer is None and self.scaler is None)
+            if complete and not acc.grads_captured:
+                self._reader.capture(acc)
+            nxt = self._steps.ended(acc, complete=complete)
             if self._act is not None and self.config.activation_stats_every:
-                self._act.next_step(self._acc.step)
-            if acc.grads_captured or (self.optimizer is None and self.scaler is None):
-                if not acc.grads_captured:
-                    self._reader.capture(acc)  # no optimizer: gradients are read here
-                self._pending = None
-                self._commit(acc)
-            else:
-                # Optimizer given but it has not stepped yet (rec.step() before opt.step()):
-                # its hooks attach the gradients (and update ratios), then commit.
-                self._pending = acc
-                self._pending_sig = self._reader.signature()
+                self._act.next_step(nxt.step)
             if self._profiler is not None:
                 self._profiler.after_step()
-                self._profiler.before_step(self._acc.step)
+                self._profiler.before_step(nxt.step)
 
     def _drop_values(self, step: int, bad: list[tuple[str, Any]]) -> None:
         """rec.step() values that are not numbers: dropped one by one (the step and its number
@@ -202,17 +181,14 @@ class StepLifecycle:
     def _hook_target(self) -> StepAccum:
         """The step an optimizer/scaler hook belongs to: the pending one when rec.step()
         came first, else the open one."""
-        return self._pending if self._pending is not None else self._acc
+        return self._steps.target()
 
     def _gradients_ready(self) -> None:
         with self._lock:
             target = self._hook_target()
             if not target.grads_captured:
                 self._reader.capture(target)
-                if target is self._pending:
-                    # A backward ran after the last rec.step(): that micro-batch's
-                    # rec.step() is still to come and belongs to this optimizer step.
-                    target.await_last = self._reader.signature() != self._pending_sig
+                self._steps.gradients_read(target)
 
     def _clip_sink(self, tensors: list[Any]) -> Any:
         """clip_grad_norm_ is about to norm ``tensors`` (see :mod:`.clipping`): if they are
@@ -249,13 +225,10 @@ class StepLifecycle:
     def _after_update(self) -> None:
         if self._reader.snapshot is not None:
             self._guard("optimizer_hook", self._reader.update_ratio, self._hook_target())
-        pending = self._pending
-        if pending is None or not pending.grads_captured or pending.await_last:
-            return  # rec.step() came after opt.step() (the usual order): it commits
+        if self._steps.pending is None:
+            return  # rec.step() comes after opt.step() (the usual order): it commits
         with self._lock:
-            if self._pending is pending:
-                self._pending = None
-                self._commit(pending)
+            self._steps.optimizer_stepped()
 
     def _capture_scale(self, acc: StepAccum | None = None) -> None:
         if self._amp is not None:

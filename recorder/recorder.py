@@ -29,7 +29,7 @@ from . import clipping
 from .activations import ActivationCapture
 from .amp import ScalerHook
 from .budget import NormBudget
-from .capture import Piece, StepAccum, event_row, exception_row, watchable
+from .capture import Piece, event_row, exception_row, watchable
 from .config import Preset, RecorderConfig, check_arguments, unwrap_optimizer
 from .coverage import Coverage
 from .dist import rank_and_world, watch_compute
@@ -45,6 +45,7 @@ from .rows import StepRows
 from .rundir import RunDir
 from .sampler import MemoryProbe, SystemSampler
 from .stats import FullStats
+from .stepstate import StepMachine
 from .structure import StructureProbe
 from .writer import Writer, merge_parts
 
@@ -128,9 +129,7 @@ class Recorder(StepLifecycle):
             max_buffered_bytes=self.config.max_buffered_bytes, on_flush=self._heartbeat,
             compact_fanout=COMPACT_FANOUT if self.config.merge_on_close else 0,
             guard=self.guard, steps=StepRows(self._probe))
-        self._acc = StepAccum(step=self._next_step)
-        self._pending: StepAccum | None = None
-        self._pending_sig: tuple[int, int] | None = None
+        self._steps = StepMachine(self._next_step, self._reader.signature, self._commit)
         self._last_end = time.time()
         self._closed = False
         self._batch_noted = False
@@ -279,9 +278,9 @@ class Recorder(StepLifecycle):
             final = status or ("crashed" if self._status == "crashed" else "completed")
             self._status = final
             try:
-                if self._pending is not None:
-                    self._commit(self._pending)
-                    self._pending = None
+                pending = self._steps.drain()
+                if pending is not None:
+                    self._commit(pending)
                 if self._profiler is not None:
                     self._profiler.stop()
             except Exception as exc:
