@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -32,7 +32,7 @@ from ..sql.safe import execute_one, ident, lock, read_query, sandbox
 from ..sql.schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
 from . import shards
 from .footers import validate
-from .held import HELD_TRACE_ROWS, HOLD_PARTS, MANY_RANKS, held, hold_parts
+from .held import HELD_TRACE_ROWS, HOLD_PARTS, MANY_RANKS, Prefetch, held, hold_parts
 from .live import RELISTS, RetryingConnection, built_despite_merges
 from .raw_traces import load_raw_traces
 from .view_sql import view_sql as _view_sql
@@ -187,26 +187,35 @@ def _scan_and_connect(path: str | Path, allow_empty: bool, allow_files: bool
     """scan_run and a connection with the views (live.built_despite_merges)."""
 
     def build() -> tuple[Run, Any]:
-        run, valid = scan_run(path, allow_empty=allow_empty)
-        return run, _connect(run, valid, allow_files)
+        pre = Prefetch(lambda: new_connection([Path(path).resolve()],
+                                              allow_files=allow_files))
+
+        def offer(run: Run, table: str, good: list[tuple[Path, Any]]) -> None:
+            pre.offer(f"_held_main_{table}", lambda: _view_sql(table, good),
+                      sum(run.part_rows.get(p, 0) for p, _ in good), len(good))
+
+        con = None
+        try:
+            run, valid = scan_run(path, allow_empty=allow_empty, on_table=offer)
+            prefetched = pre.done()
+            con = pre.con or new_connection([run.run_dir], allow_files=allow_files)
+            build_views(con, run, valid, prefetched=prefetched)
+            lock(con)
+        except BaseException:
+            pre.cancel()
+            for c in {id(x): x for x in (con, pre.con) if x is not None}.values():
+                c.close()
+            raise
+        return run, con
 
     return built_despite_merges(build)
 
 
-def _connect(run: Run, valid: dict[str, list[tuple[Path, Any]]], allow_files: bool) -> Any:
-    con = new_connection([run.run_dir], allow_files=allow_files)
-    try:
-        build_views(con, run, valid)
-        lock(con)
-    except BaseException:
-        con.close()
-        raise
-    return con
-
-
-def scan_run(path: str | Path, *, allow_empty: bool = False
+def scan_run(path: str | Path, *, allow_empty: bool = False,
+             on_table: Callable[[Run, str, list[tuple[Path, Any]]], None] | None = None
              ) -> tuple[Run, dict[str, list[tuple[Path, Any]]]]:
-    """Read ``path``'s metadata and list its readable parts (no connection yet)."""
+    """Read ``path``'s metadata and list its readable parts (no connection yet).
+    ``on_table(run, table, parts)``: called as soon as a table's parts are known."""
     run_dir = Path(path)
     try:  # DuckDB takes paths as UTF-8 text: a name that is not cannot be read
         str(run_dir.resolve()).encode("utf-8")
@@ -263,6 +272,8 @@ def scan_run(path: str | Path, *, allow_empty: bool = False
         valid[table] = good
         run.skipped_parts.extend(skipped)
         run.files[table] = [p for p, _ in valid[table]]
+        if on_table is not None and table != "trace_events":
+            on_table(run, table, good)
     traces_dir = run_dir / "traces"
     if is_real_dir(traces_dir):
         for entry in sorted(os.scandir(traces_dir), key=lambda e: e.name):
@@ -307,7 +318,8 @@ _HELD = ("steps", "memory")
 
 
 def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
-                schema: str | None = None) -> None:
+                schema: str | None = None, prefetched: dict[str, str] | None = None
+                ) -> None:
     """One view per table of ``run`` in ``con`` (in ``schema`` when given: several runs
     share one connection for a multi-run query). RunDirError when DuckDB refuses them."""
     import duckdb
@@ -323,7 +335,9 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
                 continue
             sql = sqls[table] = _view_sql(table, valid[table])
             name = f"_held_{schema or 'main'}_{table}"
-            if len(valid[table]) > HOLD_PARTS:  # an uncompacted run: read the parts once
+            if prefetched and name in prefetched:  # read while the footers were checked
+                sqls[table] = prefetched[name]
+            elif len(valid[table]) > HOLD_PARTS:  # an uncompacted run: read the parts once
                 jobs.append((table, name, sql, sum(run.part_rows.get(p, 0)
                                                    for p, _ in valid[table])))
             elif table in _HELD and len(run.ranks) > MANY_RANKS:
