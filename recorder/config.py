@@ -92,6 +92,42 @@ class RecorderConfig:
     handle_sigterm: bool = True
     """Close the run (status crashed, data flushed) on SIGTERM, then let the signal proceed."""
 
+    # Sections, as torchtitan groups its job config: ``config.stats.grad_norm_every``. The
+    # knobs stay flat keywords (``Recorder(grad_norm_every=10)``, ``--set``); each section
+    # is a frozen view of its knobs (SECTIONS says which).
+    @property
+    def general(self) -> Any:
+        """enabled, anomaly_mode, handle_sigterm."""
+        return self._section("general")
+
+    @property
+    def stats(self) -> Any:
+        """Gradient norms and full tensor statistics: what is computed and how often."""
+        return self._section("stats")
+
+    @property
+    def activations(self) -> Any:
+        """Module-output statistics and the per-step NaN/Inf probe."""
+        return self._section("activations")
+
+    @property
+    def sampling(self) -> Any:
+        """Memory snapshots and the background system sampler."""
+        return self._section("sampling")
+
+    @property
+    def profiling(self) -> Any:
+        """The scheduled torch.profiler windows."""
+        return self._section("profiling")
+
+    @property
+    def writer(self) -> Any:
+        """How and when rows reach disk, and what is kept when they cannot."""
+        return self._section("writer")
+
+    def _section(self, name: str) -> Any:
+        return _SECTION_TYPES[name](**{k: getattr(self, k) for k in SECTIONS[name]})
+
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
@@ -213,3 +249,26 @@ def unwrap_optimizer(optimizer: Any) -> Any:
             return optimizer
         optimizer = inner
     return optimizer
+
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "general": ("enabled", "anomaly_mode", "handle_sigterm"),
+    "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",
+              "tensor_stats_every", "param_stats_every", "update_ratio_every",
+              "stats_chunk_elems"),
+    "activations": ("activation_stats_every", "activation_nonfinite"),
+    "sampling": ("memory_every", "system_interval_s"),
+    "profiling": ("profile_every", "profile_start", "profile_warmup", "profile_active",
+                  "profile_max_windows", "profile_quiet"),
+    "writer": ("flush_interval_s", "flush_rows", "queue_size", "max_buffered_bytes",
+               "max_buffered_rows", "merge_on_close"),
+}
+"""Every knob of :class:`RecorderConfig`, in exactly one section."""
+
+_SECTION_TYPES: dict[str, type] = {
+    name: dataclasses.make_dataclass(
+        f"{name.title()}Config",
+        [(k, RecorderConfig.__dataclass_fields__[k].type) for k in knobs],
+        frozen=True, kw_only=True)
+    for name, knobs in SECTIONS.items()
+}
