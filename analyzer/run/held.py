@@ -24,13 +24,6 @@ HOLD_PARTS = 256
 has at most HELD_ROWS rows: a compacted run has one part per rank and table."""
 HELD_TRACE_ROWS = 2_000_000
 """Trace events of many ranks are held in memory up to this many (~100 bytes each)."""
-SMALL_PART_ROWS = 65_536
-"""Parts smaller than this on average are read one DuckDB thread per table: DuckDB schedules
-small files so poorly across its threads that one thread reads 4,000 two-row parts in 0.55 s
-against 0.94 s for two; the tables are read side by side instead (2.2 s against 2.7 s for
-16,000 parts on two cores)."""
-
-
 def held(con: Any, sql: str, name: str, limit: int = HELD_ROWS, rows: int | None = None
          ) -> str:
     """``sql`` read once into a temporary table when it has at most ``limit`` rows; the SQL
@@ -44,37 +37,19 @@ def held(con: Any, sql: str, name: str, limit: int = HELD_ROWS, rows: int | None
 
 
 def hold_parts(con: Any, jobs: list[tuple[str, str, int, int]]) -> dict[str, str]:
-    """Read the tables of an uncompacted run into memory, side by side. ``jobs``: (name,
+    """Read the tables of an uncompacted run into memory, side by side (:class:`Prefetch`,
+    with every table known up front: several runs in one connection). ``jobs``: (name,
     sql, rows, parts) per table; returns the SQL that reads each ``name`` (its own ``sql``
-    when it has more than HELD_ROWS rows). The tables are created in the connection's
-    in-memory database (its temporary tables are not shared with the cursors that read in
-    parallel); their names start with an underscore."""
-    out = {name: sql for name, sql, rows, _ in jobs if rows > HELD_ROWS}
-    todo = [(name, sql) for name, sql, rows, _ in jobs if rows <= HELD_ROWS]
-    if not todo:
-        return out
-    small = (sum(r for _, _, r, p in jobs if r <= HELD_ROWS)
-             < SMALL_PART_ROWS * sum(p for _, _, r, p in jobs if r <= HELD_ROWS))
-    workers = min(len(todo), os.cpu_count() or 1, 4) if small else 1
-    (threads,) = execute_one(con, "SELECT current_setting('threads')").fetchone()
-
-    def read(job: tuple[str, str]) -> None:
-        _read(con, *job)
-
-    if small:
-        execute_one(con, "SET threads = 1")
+    when it is not held)."""
+    pre = Prefetch(lambda: con)
     try:
-        if workers > 1:
-            with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(read, todo))
-        else:
-            for job in todo:
-                read(job)
-    finally:
-        if small:
-            execute_one(con, f"SET threads = {int(threads)}")
-    out.update((name, f"SELECT * FROM {name}") for name, _ in todo)
-    return out
+        for name, sql, rows, parts in jobs:
+            pre.offer(name, lambda sql=sql: sql, rows, parts)
+        read = pre.done()
+    except BaseException:
+        pre.cancel()
+        raise
+    return {name: read.get(name, sql) for name, sql, _, _ in jobs}
 
 
 class Prefetch:
@@ -99,7 +74,10 @@ class Prefetch:
             self.con = self._connect()
             (self._threads,) = execute_one(self.con, "SELECT current_setting('threads')"
                                            ).fetchone()
-            execute_one(self.con, "SET threads = 1")  # (SMALL_PART_ROWS: small parts)
+            # A held table averages under HELD_ROWS / HOLD_PARTS (~19,500) rows a part: small
+            # files, which DuckDB schedules poorly across its threads (4,000 two-row parts:
+            # 0.55 s on one thread, 0.94 s on two). One thread per table, tables side by side.
+            execute_one(self.con, "SET threads = 1")
             self._pool = ThreadPoolExecutor(min(4, os.cpu_count() or 1))
         self._jobs[name] = self._pool.submit(_read, self.con, name, sql())
 
