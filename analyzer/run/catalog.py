@@ -32,7 +32,15 @@ from ..sql.safe import execute_one, ident, lock, read_query, sandbox
 from ..sql.schema import SCHEMA_VERSION, TABLE_NAMES, TABLES
 from . import shards
 from .footers import validate
-from .held import HELD_TRACE_ROWS, HOLD_PARTS, MANY_RANKS, Prefetch, held, hold_parts
+from .held import (
+    HELD_TRACE_ROWS,
+    HOLD_PARTS,
+    MANY_RANKS,
+    Prefetch,
+    held,
+    held_name,
+    hold_parts,
+)
 from .live import RELISTS, RetryingConnection, built_despite_merges
 from .raw_traces import load_raw_traces
 from .view_sql import view_sql as _view_sql
@@ -191,7 +199,7 @@ def _scan_and_connect(path: str | Path, allow_empty: bool, allow_files: bool
                                               allow_files=allow_files))
 
         def offer(run: Run, table: str, good: list[tuple[Path, Any]]) -> None:
-            pre.offer(f"_held_main_{table}", lambda: _view_sql(table, good),
+            pre.offer(held_name(table), lambda: _view_sql(table, good),
                       sum(run.part_rows.get(p, 0) for p, _ in good), len(good))
 
         con = None
@@ -203,8 +211,10 @@ def _scan_and_connect(path: str | Path, allow_empty: bool, allow_files: bool
             lock(con)
         except BaseException:
             pre.cancel()
-            for c in {id(x): x for x in (con, pre.con) if x is not None}.values():
-                c.close()
+            if con is None:
+                con = pre.con  # (made for the first held table, or None)
+            if con is not None:
+                con.close()
             raise
         return run, con
 
@@ -334,7 +344,7 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
             if table == "trace_events":
                 continue
             sql = sqls[table] = _view_sql(table, valid[table])
-            name = f"_held_{schema or 'main'}_{table}"
+            name = held_name(table, schema)
             if prefetched and name in prefetched:  # read while the footers were checked
                 sqls[table] = prefetched[name]
             elif len(valid[table]) > HOLD_PARTS:  # an uncompacted run: read the parts once
@@ -357,7 +367,7 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
                          "WHERE kind = 'grad'")
         tsql = _view_sql("trace_events", valid["trace_events"])
         if len(run.ranks) > MANY_RANKS:
-            tsql = held(con, tsql, f"_held_{schema or 'main'}_trace_events", HELD_TRACE_ROWS)
+            tsql = held(con, tsql, held_name("trace_events", schema), HELD_TRACE_ROWS)
         execute_one(con, f"CREATE VIEW {q}trace_events AS {tsql}")
         raw = load_raw_traces(run, con, q)
         if raw is not None and raw.num_rows:

@@ -24,6 +24,11 @@ HOLD_PARTS = 256
 has at most HELD_ROWS rows: a compacted run has one part per rank and table."""
 HELD_TRACE_ROWS = 2_000_000
 """Trace events of many ranks are held in memory up to this many (~100 bytes each)."""
+def held_name(table: str, schema: str | None = None) -> str:
+    """The in-memory table that holds ``table`` of the run in ``schema`` (or the only run)."""
+    return f"_held_{schema or 'main'}_{table}"
+
+
 def held(con: Any, sql: str, name: str, limit: int = HELD_ROWS, rows: int | None = None
          ) -> str:
     """``sql`` read once into a temporary table when it has at most ``limit`` rows; the SQL
