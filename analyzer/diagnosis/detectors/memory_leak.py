@@ -51,7 +51,10 @@ DOC = {
             "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
             "the device capacity is known. Host: heap_bytes (malloc in use: no allocator "
             "caching, so min_growth_heap_bytes) when it shows the leak, else RSS; onset = where "
-            "a steady per-step rise begins (else the last window floor at the start level). "
+            "a steady per-step rise begins (else the last window floor at the start level); "
+            "a pause in the rise counts as before the leak only while memory is within a "
+            "tenth of the whole rise above its start (slow steps whose samples stall, or an "
+            "allocator trim, interrupt a leak that has begun: they do not restart it). "
             "The recorder's own profiler windows are discounted: their steps are skipped and "
             "the level the profiler kept is subtracted from what follows.",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
