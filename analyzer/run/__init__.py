@@ -9,7 +9,7 @@ from .. import lazy_exports
 _EXPORTS = {
     "open_run": ".catalog",
     "scan_run": ".catalog",
-    "Run": ".catalog",
+    "Run": ".handle",
     "open_runs": ".multirun",
     "RunSet": ".multirun",
 }

@@ -17,8 +17,10 @@ from typing import Any
 
 from ..errors import RunDirError
 from ..sql.safe import execute_one, literal, lock
-from .catalog import Run, Views, build_views, new_connection, scan_run
+from .catalog import scan_run
+from .handle import Run, Views
 from .live import RetryingConnection, built_despite_merges
+from .views import build_views, new_connection
 
 
 class RunSet(Views):
