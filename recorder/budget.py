@@ -43,6 +43,16 @@ class NormBudget:
         self._periods: deque[float] = deque(maxlen=_WINDOW)
         self._seen = 0
 
+    def cadence_event(self) -> tuple[str, dict[str, object]]:
+        """The ``grad_norm_cadence`` event's message and details for the current stride
+        (a stride changes only once both medians exist)."""
+        cost, period = self.cost_s or 0.0, self.period_s or 1.0
+        every = self.every * self.stride
+        return (f"reading the gradient norms took {cost / period:.1%} of the step "
+                f"({cost * 1e3:.2f} ms of {period * 1e3:.1f} ms; budget {self.budget:.1%}): "
+                f"now every {every} step{'s' if every > 1 else ''}",
+                {"every": every, "cost_s": self.cost_s, "step_s": self.period_s})
+
     def step_period(self, seconds: float) -> None:
         """One optimizer step's period (between two gradient captures). Every step: only
         kept here; the median is taken when a read is charged."""

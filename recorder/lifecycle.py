@@ -5,17 +5,24 @@ only ``rec.step()`` (and ``wrap_loader``), because the recorder drives the other
 the optimizer (and on ``GradScaler.unscale_``). A framework integration, or a loop without a
 ``torch.optim`` optimizer, drives them itself, in this order, once per optimizer step:
 
-1. :meth:`StepLifecycle.data_wait_ended` — the batch arrived after waiting ``seconds``
+1. ``rec.data_wait_ended(seconds)`` — the batch arrived after waiting ``seconds``
    (``wrap_loader`` calls it);
-2. :meth:`StepLifecycle.gradients_ready` — backward (all micro-batches) and any unscaling are
-   done and the optimizer has not changed the weights yet: gradients are read now (the
-   optimizer pre-hook calls it);
-3. :meth:`StepLifecycle.optimizer_stepped` — the weights were updated (optimizer post-hook);
-4. :meth:`StepLifecycle.step_ended` — the step is over: loss, lr and metrics are attached and
-   the step is committed (``rec.step()`` is this call). Called several times before the
+2. ``rec.gradients_ready()`` — backward (all micro-batches) and any unscaling are done and
+   the optimizer has not changed the weights yet: gradients are read now (the optimizer
+   pre-hook calls it);
+3. ``rec.optimizer_stepped()`` — the weights were updated (optimizer post-hook);
+4. ``rec.step_ended(...)`` — the step is over: loss, lr and metrics are attached and the
+   step is committed (``rec.step()`` is this call). Called several times before the
    optimizer steps (gradient accumulation), the calls are folded into one step.
 
 Each call is cheap, never syncs with the device, and never raises.
+
+:class:`StepLifecycle` is the collaborator that carries these calls out: the Recorder makes
+one in its constructor from the parts it wires (the gradient reader, the writer, the memory
+probe, the run directory) and forwards its public lifecycle calls and the optimizer, scaler
+and clipping hooks to it. The open and the pending step live in its
+:class:`~.stepstate.StepMachine`; the committed step leaves it as a
+:class:`~.rows.StepItem` (plain data) for the writer.
 """
 
 from __future__ import annotations
@@ -23,39 +30,83 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from .activations import join_pieces
-from .capture import StepAccum, pack
-from .gradients import due
+from .activations import ActivationCapture, join_pieces
+from .amp import ScalerHook
+from .capture import Piece, StepAccum, pack, watchable
+from .config import RecorderConfig
+from .gradients import GradReader, due
+from .guard import Guard
 from .hooks import is_compiling
+from .loader import batch_size_of
+from .profiling import ProfilerSchedule
 from .rows import StepItem
+from .rundir import RunDir
+from .sampler import MemoryProbe
 from .stepstate import StepMachine
+from .writer import Writer
 
 
 class StepLifecycle:
-    """The lifecycle half of the Recorder (state is set up by ``Recorder.__init__``)."""
+    """The step lifecycle of one Recorder: what each lifecycle call and hook does to the
+    open step, and the commit of a finished one. Every entry point checks ``closed`` first
+    and runs guarded (a failure is counted and recorded, never raised into training)."""
 
-    # Set by Recorder.__init__ (declared for readers and type checkers).
-    _closed: bool
-    _steps: StepMachine  # the open and the pending step (see stepstate)
-    _grad_rows: bool
-    _batch_noted: bool
-    _lock: Any  # threading.RLock: the public calls may come from several threads
-    _train_thread: int | None  # ident of the thread that trains (see step())
-    _side_noted: bool
+    def __init__(self, *, config: RecorderConfig, first_step: int, optimizer: Any,
+                 scaler: Any, reader: GradReader, writer: Writer, probe: MemoryProbe,
+                 rundir: RunDir, guard: Guard, on_error: Callable[[str, BaseException], None],
+                 event: Callable[..., None], lock: Any, grad_rows: bool) -> None:
+        self.config = config
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self._reader = reader
+        self._writer = writer
+        self._probe = probe
+        self._rundir = rundir
+        self.guard = guard
+        self._on_error = on_error
+        self.event = event
+        self._lock = lock  # the Recorder's RLock: the calls may come from several threads
+        self._grad_rows = grad_rows  # this rank writes per-parameter gradient rows
+        self.closed = False
+        self.next_step = first_step  # the number after the last committed step
+        self._steps = StepMachine(first_step, reader.signature, self.commit)
+        self._last_end = time.time()
+        self._batch_noted = False
+        # with an optimizer: this thread until its pre-hook says where training runs
+        self._train_thread: int | None = (threading.get_ident() if optimizer is not None
+                                          else None)
+        self._side_noted = False
+        # set by the Recorder once it has made them (they need this object's open step)
+        self.act: ActivationCapture | None = None
+        self.amp: ScalerHook | None = None
+        self.profiler: ProfilerSchedule | None = None
+
+    def _guard(self, where: str, fn: Any, *args: Any) -> Any:
+        return self.guard.call(where, fn, *args, record=self._on_error)
+
+    def _count_error(self, where: str, exc: BaseException) -> None:
+        self.guard.failed(where, exc)
+        self._on_error(where, exc)
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              **metrics: Any) -> None:
-        """End one recorded step (:meth:`step_ended`). Values may be Python numbers or
-        tensors on any device; tensors are read later, without a host-device sync.
-        ``lr`` defaults to the optimizer's first param group."""
-        if self._closed or is_compiling():
+        """End one recorded step (``rec.step()``): see :class:`~.recorder.Recorder`."""
+        if self.closed or is_compiling():
             return
         if not self._training_thread():
             self._guard("step", self._side_values, loss, metrics)
             return
         self._guard("step", self._step_ended, loss, step, lr, metrics)
+
+    def watch(self, name: str, tensor: Any) -> None:
+        """``rec.watch``: statistics of any tensor at the open step (kind ``watch``)."""
+        tensor = watchable(str(name), tensor)  # ValueError: only this watch is left out
+        stats = self._reader.full.one(tensor)
+        with self._lock:  # another thread may be ending the step (its accumulator swapped)
+            self.acc.add(Piece("watch", 8, (str(name),), (tensor.numel(),)), stats)
 
     def _training_thread(self) -> bool:
         """Whether this thread trains: the one the optimizer steps in (its pre-hook says;
@@ -73,7 +124,7 @@ class StepLifecycle:
         if loss is not None:
             metrics = {"loss": loss, **metrics}
         with self._lock:
-            acc = self._acc
+            acc = self.acc
             bad = [(str(k), v) for k, v in metrics.items()
                    if not acc.add_scalar("metric", v, metric=str(k))]
             if bad:
@@ -85,20 +136,15 @@ class StepLifecycle:
                        "not the training thread: its values are added to the open step as "
                        "metrics, and the training thread ends the step", severity="info")
 
-    def step_ended(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
-                   **metrics: Any) -> None:
-        """Lifecycle 4: the step is over. Same as :meth:`step`."""
-        self.step(loss, step=step, lr=lr, **metrics)
-
     def data_wait_ended(self, seconds: float, batch: Any = None) -> None:
         """Lifecycle 1: the open step waited ``seconds`` for its data (added up over
         micro-batches; recorded as ``data_wait_s``). ``batch``, when given: the batch that
         arrived; the first one's leading dimension is kept as run.json's
         ``data.batch_size`` (per rank), so that ``compare`` can tell runs apart that
         differ in batch size."""
-        if not self._closed:
+        if not self.closed:
             with self._lock:  # (a loader thread may call this while the step ends)
-                acc = self._acc
+                acc = self.acc
                 acc.data_wait_s += seconds
                 acc.waited = True
                 if acc.data_ready is None:
@@ -107,23 +153,35 @@ class StepLifecycle:
                 self._batch_noted = True
                 self._guard("batch size", self._note_batch, batch)
 
+    def _note_batch(self, batch: Any) -> None:
+        """run.json's (and this rank's file's) ``data.batch_size``: written with the next
+        heartbeat. A shape read only: no device sync, nothing copied."""
+        n = batch_size_of(batch)
+        if n is not None:
+            self._rundir.note(data={"batch_size": n})
+
+    def on_unscaled(self) -> None:
+        """After ``GradScaler.unscale_`` (also on steps the scaler then skips)."""
+        self._guard("scaler", self._gradients_ready)
+        self._guard("scaler", self.capture_scale)
+
     def gradients_ready(self) -> None:
         """Lifecycle 2: gradients are final for this optimizer step and the weights are not
         updated yet: read the gradient statistics that are due (and copy the weights at the
         update-ratio cadence). Idempotent within a step."""
-        if self._closed or is_compiling():
+        if self.closed or is_compiling():
             return
         self._guard("gradients_ready", self._before_update)
 
     def optimizer_stepped(self) -> None:
         """Lifecycle 3: the optimizer updated the weights (update ratios; a step whose
         :meth:`step_ended` came first is committed now)."""
-        if self._closed or is_compiling():
+        if self.closed or is_compiling():
             return
         self._guard("optimizer_stepped", self._after_update)
 
     @property
-    def _acc(self) -> StepAccum:
+    def acc(self) -> StepAccum:
         """The open step (collecting values now)."""
         return self._steps.open
 
@@ -147,7 +205,7 @@ class StepLifecycle:
             if self.scaler is not None:
                 acc.scaler = True
                 if not acc.has("loss_scale"):  # unscale_ was not called: read it now
-                    self._capture_scale(acc)
+                    self.capture_scale(acc)
             acc.ended = now
             acc.duration_s = now - self._last_end
             self._last_end = now
@@ -158,11 +216,11 @@ class StepLifecycle:
             if complete and not acc.grads_captured:
                 self._reader.capture(acc)
             nxt = self._steps.ended(acc, complete=complete)
-            if self._act is not None and self.config.activation_stats_every:
-                self._act.next_step(nxt.step)
-            if self._profiler is not None:
-                self._profiler.after_step()
-                self._profiler.before_step(nxt.step)
+            if self.act is not None and self.config.activation_stats_every:
+                self.act.next_step(nxt.step)
+            if self.profiler is not None:
+                self.profiler.after_step()
+                self.profiler.before_step(nxt.step)
 
     def _drop_values(self, step: int, bad: list[tuple[str, Any]]) -> None:
         """rec.step() values that are not numbers: dropped one by one (the step and its number
@@ -190,10 +248,10 @@ class StepLifecycle:
                 self._reader.capture(target)
                 self._steps.gradients_read(target)
 
-    def _clip_sink(self, tensors: list[Any]) -> Any:
+    def clip_sink(self, tensors: list[Any]) -> Any:
         """clip_grad_norm_ is about to norm ``tensors`` (see :mod:`.clipping`): if they are
         this model's gradients, still unread this step, a sink for their norms."""
-        if self._closed:
+        if self.closed:
             return None
         with self._lock:
             target = self._hook_target()
@@ -201,15 +259,15 @@ class StepLifecycle:
                 return None
             return self._reader.clip_sink(target, tensors)
 
-    def _grad_landed(self, _param: Any) -> None:
+    def grad_landed(self, _param: Any) -> None:
         """A watched parameter's gradient was accumulated (distributed runs; see
         Recorder._watch_compute): host time only, no device work."""
-        self._acc.grad_ready = time.perf_counter()
+        self.acc.grad_ready = time.perf_counter()
 
-    def _clip_max(self, max_norm: float) -> None:
+    def clip_max(self, max_norm: float) -> None:
         # clip_grad_norm_(..., inf) only measures (transformers does so every step when
         # max_grad_norm is 0): no clipping threshold to record.
-        if not self._closed and max_norm < float("inf"):
+        if not self.closed and max_norm < float("inf"):
             self._hook_target().floats["grad_clip"] = [max_norm]
 
     def _before_update(self) -> None:
@@ -230,14 +288,14 @@ class StepLifecycle:
         with self._lock:
             self._steps.optimizer_stepped()
 
-    def _capture_scale(self, acc: StepAccum | None = None) -> None:
-        if self._amp is not None:
-            self._amp.capture_scale(acc if acc is not None else self._hook_target())
+    def capture_scale(self, acc: StepAccum | None = None) -> None:
+        if self.amp is not None:
+            self.amp.capture_scale(acc if acc is not None else self._hook_target())
 
     # The optimizer hooks run right after backward and right after the optimizer step, when
     # the interpreter's caches are cold: each Python call there costs several times what it
     # does in a loop. So each hook is one guarded call that checks what is due first.
-    def _on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def on_opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():  # a compiled optimizer step: telemetry must not break the graph
             return
         try:
@@ -245,7 +303,7 @@ class StepLifecycle:
         except Exception as exc:
             self._count_error("optimizer_hook", exc)
 
-    def _on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def on_opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():
             return
         try:
@@ -253,9 +311,17 @@ class StepLifecycle:
         except Exception as exc:
             self._count_error("optimizer_hook", exc)
 
-    def _commit(self, acc: StepAccum) -> None:
-        if self._act is not None and not self._act.traced:
-            why = self._act.untraced(acc)
+    def drain(self) -> None:
+        """Closing: commit the step still waiting for its optimizer step, stop profiling."""
+        pending = self._steps.drain()
+        if pending is not None:
+            self.commit(pending)
+        if self.profiler is not None:
+            self.profiler.stop()
+
+    def commit(self, acc: StepAccum) -> None:
+        if self.act is not None and not self.act.traced:
+            why = self.act.untraced(acc)
             if why is not None:
                 self.event("activation_tracing_unavailable", why, severity="info")
         join_pieces(acc)
@@ -270,7 +336,7 @@ class StepLifecycle:
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc),
         )
-        self._next_step = acc.step + 1
+        self.next_step = acc.step + 1
         self._rundir.step_committed()
         self._writer.submit(item, "steps")
 

@@ -38,6 +38,22 @@ class ProfilerSchedule:
         self._left = 0
         self._first = 0
 
+    @classmethod
+    def of(cls, config: Any, trace_dir: Path, *, cuda: bool,
+           submit: Callable[[Callable[[Any], None]], bool],
+           on_window: Callable[[int, int], None]) -> ProfilerSchedule | None:
+        """The schedule a RecorderConfig asks for, or None when it profiles nothing."""
+        if config.profile_start <= 0 and config.profile_every <= 0:
+            return None
+        if config.profile_quiet:
+            # Read once, when Kineto first starts: before the first window. Level 6 is
+            # above USDT (5), which is above ERROR (4): no finer setting exists.
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        return cls(start=config.profile_start, every=config.profile_every,
+                   warmup=config.profile_warmup, active=config.profile_active,
+                   max_windows=config.profile_max_windows, trace_dir=trace_dir, cuda=cuda,
+                   submit=submit, on_window=on_window)
+
     def _window_starts_at(self, step: int) -> bool:
         first = self.start - self.warmup
         if step < max(first, 0) or self.windows >= self.max_windows:

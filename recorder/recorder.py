@@ -9,14 +9,15 @@ The Recorder ties together collaborators with one job each: :class:`~.rundir.Run
 resume), :class:`~.writer.Writer` (background Parquet writes), :class:`~.gradients.GradReader`
 (gradient and weight statistics), :class:`~.activations.ActivationCapture` (module outputs),
 :class:`~.process_hooks.ProcessHooks` (atexit, SIGTERM, excepthook), the sampler and the
-profiler schedule. What it owns itself is the step lifecycle below.
+profiler schedule, and :class:`~.lifecycle.StepLifecycle` (the open and pending step, the
+lifecycle calls and the optimizer/scaler/clipping hooks, the commit). The Recorder wires them
+in its constructor and forwards its public calls; it owns only closing.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from . import clipping
 from .activations import ActivationCapture
 from .amp import ScalerHook
 from .budget import NormBudget
-from .capture import Piece, event_row, exception_row, watchable
+from .capture import event_row, exception_row
 from .config import Preset, RecorderConfig, check_arguments, unwrap_optimizer
 from .coverage import Coverage
 from .dist import rank_and_world, watch_compute
@@ -38,21 +39,20 @@ from .guard import Guard
 from .hooks import compiled, unwrap_model, wrapped_in_ddp
 from .interrupts import HeldInterrupts, say_gave_up
 from .lifecycle import StepLifecycle
-from .loader import TimedLoader, batch_size_of
+from .loader import TimedLoader
 from .process_hooks import ProcessHooks
 from .profiling import ProfilerSchedule
 from .rows import StepRows
 from .rundir import RunDir
 from .sampler import MemoryProbe, SystemSampler
 from .stats import FullStats
-from .stepstate import StepMachine
 from .structure import StructureProbe
 from .writer import Writer, merge_parts
 
 _SEVERITIES = ("info", "warning", "error", "critical")
 
 
-class Recorder(StepLifecycle):
+class Recorder:
     """Records per-step training telemetry into ``run_dir`` (see README for presets).
 
     >>> with Recorder("runs/exp1", model=model, optimizer=opt) as rec:   # doctest: +SKIP
@@ -61,7 +61,8 @@ class Recorder(StepLifecycle):
     ...         opt.zero_grad(); loss.backward(); opt.step()
     ...         rec.step(loss=loss)
 
-    The step lifecycle (:class:`~.lifecycle.StepLifecycle`) is documented there.
+    The step lifecycle (``data_wait_ended``, ``gradients_ready``, ``optimizer_stepped``,
+    ``step_ended``) is documented in :mod:`.lifecycle`.
     """
 
     def __init__(
@@ -77,7 +78,7 @@ class Recorder(StepLifecycle):
     ) -> None:
         self.config = RecorderConfig.from_preset(preset, **overrides)
         self.preset = preset
-        self._closed = True  # until construction succeeds
+        self._life: StepLifecycle | None = None  # made by _start: closed until then
         check_arguments(run_dir, model, optimizer, scaler, resume)
         self.run_dir = Path(run_dir)
         self.model = unwrap_model(model) if model is not None else None
@@ -129,17 +130,13 @@ class Recorder(StepLifecycle):
             max_buffered_bytes=self.config.max_buffered_bytes, on_flush=self._heartbeat,
             compact_fanout=COMPACT_FANOUT if self.config.merge_on_close else 0,
             guard=self.guard, steps=StepRows(self._probe))
-        self._steps = StepMachine(self._next_step, self._reader.signature, self._commit)
-        self._last_end = time.time()
-        self._closed = False
-        self._batch_noted = False
-        # with an optimizer: this thread until its pre-hook says where training runs
-        self._train_thread: int | None = (threading.get_ident() if self.optimizer is not None
-                                          else None)
-        self._side_noted = False
+        self._life = StepLifecycle(
+            config=self.config, first_step=self._next_step, optimizer=self.optimizer,
+            scaler=self.scaler, reader=self._reader, writer=self._writer, probe=self._probe,
+            rundir=self._rundir, guard=self.guard, on_error=self._error_event,
+            event=self.event, lock=self._lock, grad_rows=self._grad_rows)
         self._status = "running"
         self._handles: list[Any] = []
-        self._act: ActivationCapture | None = None
         self._install_hooks()
         self._sampler = None
         if self.config.system_interval_s > 0:
@@ -147,22 +144,13 @@ class Recorder(StepLifecycle):
                 self.config.system_interval_s, self._emit_system,
                 gpu=self._device is not None and self._device.type == "cuda")
             self._sampler.start()
-        self._profiler = None
-        if self.config.profile_start > 0 or self.config.profile_every > 0:
-            if self.config.profile_quiet:
-                # Read once, when Kineto first starts: before the first window. Level 6 is
-                # above USDT (5), which is above ERROR (4): no finer setting exists.
-                os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-            self._profiler = ProfilerSchedule(
-                start=self.config.profile_start, every=self.config.profile_every,
-                warmup=self.config.profile_warmup, active=self.config.profile_active,
-                max_windows=self.config.profile_max_windows,
-                trace_dir=self.run_dir / "traces" / f"rank={self.rank}",
-                cuda=self._device is not None and self._device.type == "cuda",
-                submit=lambda item: self._writer.submit(item, "traces", wake=True),
-                on_window=lambda a, b: self.event(
-                    "profiler_window", f"profiler window over steps {a}-{b}", severity="info",
-                    first_step=a, last_step=b))
+        self._life.profiler = ProfilerSchedule.of(
+            self.config, self.run_dir / "traces" / f"rank={self.rank}",
+            cuda=self._device is not None and self._device.type == "cuda",
+            submit=lambda item: self._writer.submit(item, "traces", wake=True),
+            on_window=lambda a, b: self.event(
+                "profiler_window", f"profiler window over steps {a}-{b}", severity="info",
+                first_step=a, last_step=b))
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(True)
         self._process = ProcessHooks(self, handle_sigterm=self.config.handle_sigterm)
@@ -171,7 +159,8 @@ class Recorder(StepLifecycle):
                        from_step=self._rundir.resumed_from)
 
     def _abandon(self, resume: bool) -> None:
-        self._closed = True
+        if self._life is not None:
+            self._life.closed = True
         try:
             self._teardown_hooks()
         except Exception:
@@ -197,43 +186,33 @@ class Recorder(StepLifecycle):
         return torch.device("cuda") if torch.cuda.is_available() else None
 
     def _install_hooks(self) -> None:
+        life = self._life
+        assert life is not None
         opt = self.optimizer
         if opt is not None:
-            self._handles.append(opt.register_step_pre_hook(self._on_opt_pre))
-            self._handles.append(opt.register_step_post_hook(self._on_opt_post))
-        self._amp = ScalerHook(self.scaler, self._on_unscaled) if self.scaler is not None \
-            else None
+            self._handles.append(opt.register_step_pre_hook(life.on_opt_pre))
+            self._handles.append(opt.register_step_post_hook(life.on_opt_post))
+        if self.scaler is not None:
+            life.amp = ScalerHook(self.scaler, life.on_unscaled)
         if self._named_params:
-            clipping.install(id(self), self._clip_sink, self._clip_max)
+            clipping.install(id(self), life.clip_sink, life.clip_max)
         if self.world_size > 1:
-            self._handles += watch_compute(self._named_params, self._grad_landed)
+            self._handles += watch_compute(self._named_params, life.grad_landed)
         if self.model is not None and not self._compiled_model:  # (one forward pass)
             self._handles.append(StructureProbe(self.model, self._info("model_structure")))
         cfg = self.config
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
-            self._act = ActivationCapture(self.model, cfg, self._full, lambda: self._acc,
-                                          self._guard, compiled=self._compiled_model)
-            self._act.next_step(self._acc.step)
-
-    def _on_unscaled(self) -> None:
-        """After ``GradScaler.unscale_`` (also on steps the scaler then skips)."""
-        self._guard("scaler", self._gradients_ready)
-        self._guard("scaler", self._capture_scale)
+            life.act = ActivationCapture(self.model, cfg, self._full, lambda: life.acc,
+                                         self._guard, compiled=self._compiled_model)
+            life.act.next_step(life.acc.step)
 
     def _info(self, kind: str) -> Any:
         """(message, details) -> an info event of ``kind``."""
         return lambda message, details: self.event(kind, message, severity="info", **details)
 
     def _norm_stride_changed(self, stride: int, budget: NormBudget) -> None:
-        # (a stride changes only once both medians exist)
-        cost, period = budget.cost_s or 0.0, budget.period_s or 1.0
-        every = self.config.grad_norm_every * stride
-        self.event(
-            "grad_norm_cadence",
-            f"reading the gradient norms took {cost / period:.1%} of the step "
-            f"({cost * 1e3:.2f} ms of {period * 1e3:.1f} ms; "
-            f"budget {budget.budget:.1%}): now every {every} step{'s' if every > 1 else ''}",
-            severity="info", every=every, cost_s=budget.cost_s, step_s=budget.period_s)
+        message, details = budget.cadence_event()
+        self.event("grad_norm_cadence", message, severity="info", **details)
 
     # ------------------------------------------------------------------ public API
     def event(self, kind: str, message: str, *, severity: str = "warning",
@@ -247,7 +226,7 @@ class Recorder(StepLifecycle):
                details: dict[str, Any]) -> None:
         if severity not in _SEVERITIES:
             severity = "warning"
-        row = event_row(self._acc.step if self._acc else None, kind, message,
+        row = event_row(self._life.acc.step, kind, message,
                         severity=severity, subject=subject, stack=stack, details=details)
         self._writer.submit(lambda w: w.append("events", row), "events")
 
@@ -255,7 +234,7 @@ class Recorder(StepLifecycle):
         """Statistics of any tensor at the current step (kind ``watch``)."""
         if self._closed:
             return
-        self._guard("watch", self._watch, name, tensor)
+        self._guard("watch", self._life.watch, name, tensor)
 
     def wrap_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
         """The same iterable, timing how long each step waits for its next batch."""
@@ -274,15 +253,11 @@ class Recorder(StepLifecycle):
         with HeldInterrupts() as held, self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._life.closed = True
             final = status or ("crashed" if self._status == "crashed" else "completed")
             self._status = final
             try:
-                pending = self._steps.drain()
-                if pending is not None:
-                    self._commit(pending)
-                if self._profiler is not None:
-                    self._profiler.stop()
+                self._life.drain()
             except Exception as exc:
                 self._count_error("close", exc)
             self._teardown_hooks()
@@ -317,7 +292,56 @@ class Recorder(StepLifecycle):
     @property
     def current_step(self) -> int:
         """The number the next recorded step will get."""
-        return self._acc.step if not self._closed else self._next_step
+        life = self._life
+        if life is None:
+            return self._next_step
+        return life.next_step if life.closed else life.acc.step
+
+    # ------------------------------------- step lifecycle (forwarded; no-op when disabled)
+    def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
+             **metrics: Any) -> None:
+        """End one recorded step (lifecycle 4). Values may be Python numbers or tensors on
+        any device; tensors are read later, without a host-device sync. ``lr`` defaults to
+        the optimizer's first param group. From a thread other than the training thread,
+        the values join the open step as metrics."""
+        if self._life is not None:
+            self._life.step(loss, step=step, lr=lr, **metrics)
+
+    def step_ended(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
+                   **metrics: Any) -> None:
+        """Lifecycle 4: the step is over. Same as :meth:`step`."""
+        self.step(loss, step=step, lr=lr, **metrics)
+
+    def data_wait_ended(self, seconds: float, batch: Any = None) -> None:
+        """Lifecycle 1: the open step waited ``seconds`` for its data (added up over
+        micro-batches; recorded as ``data_wait_s``). ``batch``, when given: the batch that
+        arrived; the first one's leading dimension is kept as run.json's
+        ``data.batch_size`` (per rank), so that ``compare`` can tell runs apart that
+        differ in batch size."""
+        if self._life is not None:
+            self._life.data_wait_ended(seconds, batch)
+
+    def gradients_ready(self) -> None:
+        """Lifecycle 2: gradients are final for this optimizer step and the weights are not
+        updated yet: read the gradient statistics that are due (and copy the weights at the
+        update-ratio cadence). Idempotent within a step."""
+        if self._life is not None:
+            self._life.gradients_ready()
+
+    def optimizer_stepped(self) -> None:
+        """Lifecycle 3: the optimizer updated the weights (update ratios; a step whose
+        :meth:`step_ended` came first is committed now)."""
+        if self._life is not None:
+            self._life.optimizer_stepped()
+
+    @property
+    def _closed(self) -> bool:
+        return self._life is None or self._life.closed
+
+    @_closed.setter
+    def _closed(self, closed: bool) -> None:  # (a forked child's copy: process_hooks)
+        if self._life is not None:
+            self._life.closed = closed
 
     # ------------------------------------------------------------------ internals
     @property
@@ -337,19 +361,13 @@ class Recorder(StepLifecycle):
         if writer is not None and writer.alive:  # (counted already: the event only)
             writer.submit(lambda w: w.error_event(where, exc), "events")
 
-    def _watch(self, name: str, tensor: torch.Tensor) -> None:
-        tensor = watchable(str(name), tensor)  # ValueError: only this watch is left out
-        stats = self._full.one(tensor)
-        with self._lock:  # another thread may be ending the step (its accumulator swapped)
-            self._acc.add(Piece("watch", 8, (str(name),), (tensor.numel(),)), stats)
-
     def _emit_system(self, row: dict[str, Any]) -> None:
         self._writer.submit(lambda w: w.append("system", {k: [v] for k, v in row.items()}),
                             "system")
 
     def _record_exception(self, exc: BaseException) -> None:
         try:
-            row = exception_row(exc, self._acc.step, self._probe)
+            row = exception_row(exc, self._life.acc.step, self._probe)
             self._writer.submit(lambda w: w.append("events", row), "events")
             self._status = "crashed"
         except Exception as e:  # recording the crash must not mask it
@@ -364,19 +382,12 @@ class Recorder(StepLifecycle):
                 pass
         self._handles = []
         clipping.uninstall(id(self))
-        for part in (getattr(self, "_act", None), getattr(self, "_amp", None),
-                     getattr(self, "_process", None)):
+        life = self._life
+        for part in (life and life.act, life and life.amp, getattr(self, "_process", None)):
             if part is not None:
                 part.remove()
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(False)
-
-    def _note_batch(self, batch: Any) -> None:
-        """run.json's (and this rank's file's) ``data.batch_size``: written with the next
-        heartbeat. A shape read only: no device sync, nothing copied."""
-        n = batch_size_of(batch)
-        if n is not None:
-            self._rundir.note(data={"batch_size": n})
 
     def _counters(self) -> dict[str, Any]:
         # (the writer's first flush can come before its constructor returned to us)

@@ -893,7 +893,7 @@ def test_eval_forwards_without_grad_are_not_recorded_as_training(run_dir: Path,
         with torch.no_grad():
             for x, _ in batches(50):
                 model(x * math.nan)
-        assert rec._acc.act_seq == 0
+        assert rec._life.acc.act_seq == 0
         train(rec, model, opt, batches(2))
     assert events(run_dir, "nonfinite") == []
     assert sorted(steps_by_number(run_dir)) == list(range(4))
