@@ -8,6 +8,8 @@ from typing import Any
 
 import duckdb
 
+from ..diagnosis.findings import Finding
+
 
 @dataclass
 class ReportContext:
@@ -15,7 +17,8 @@ class ReportContext:
     ranks: list[int]
     rank: int
     """The rank the per-run charts show (the lowest; per-rank charts compare the others)."""
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    """The analysis' findings, JSON-safe (cards.for_display), ranked."""
     gpu_time: list[dict[str, Any]] = field(default_factory=list)
     """The summary's GPU time breakdown per rank (computed once per report)."""
     buckets: int = 1000
@@ -27,6 +30,6 @@ class ReportContext:
         row = self.con.execute(sql, params or []).fetchone()
         return None if row is None else row[0]
 
-    def finding(self, fid: str) -> dict[str, Any] | None:
+    def finding(self, fid: str) -> Finding | None:
         """The first finding with id ``fid`` (findings are ranked, most severe first)."""
-        return next((f for f in self.findings if f.get("id") == fid), None)
+        return next((f for f in self.findings if f.id == fid), None)

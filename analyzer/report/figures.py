@@ -11,7 +11,10 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..diagnosis.findings import Finding
 
 # Colours (Tailwind-ish palette, readable on white and distinguishable for common colour-blindness).
 BLUE = "#2563eb"
@@ -103,27 +106,25 @@ def time_unit(typical_s: float) -> tuple[float, str]:
     return (1000.0, "ms") if typical_s < 1.0 else (1.0, "s")
 
 
-def finding_markers(findings: list[dict[str, Any]], anchor: str) -> tuple[list, list]:
+def finding_markers(findings: list[Finding], anchor: str) -> tuple[list, list]:
     """Vertical dotted lines (shapes, annotations) at the first step of the findings that point
     at ``anchor``, so the chart shows where each problem starts."""
     shapes, notes = [], []
     seen = set()
     for f in findings:
-        if f.get("chart") != anchor or f.get("first_step") is None:
+        if f.chart != anchor or f.first_step is None or f.severity == "info":
             continue
-        if f.get("severity") == "info":
+        colour = SEVERITY_COLOURS.get(f.severity, GREY)
+        x = f.first_step
+        if (x, f.id) in seen:  # e.g. two leaking counters from the same step
             continue
-        colour = SEVERITY_COLOURS.get(str(f.get("severity")), GREY)
-        x = f["first_step"]
-        if (x, f.get("id")) in seen:  # e.g. two leaking counters from the same step
-            continue
-        seen.add((x, f.get("id")))
+        seen.add((x, f.id))
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x,
                        "y0": 0, "y1": 1, "line": {"color": colour, "width": 1.5, "dash": "dot"}})
         # Inside the plot, right of the line: the strip above the plot holds the legend and
         # buttons.
         notes.append({"xref": "x", "yref": "paper", "x": x, "y": 1, "yanchor": "top",
-                      "xanchor": "left", "showarrow": False, "text": esc(f.get("id"), 40),
+                      "xanchor": "left", "showarrow": False, "text": esc(f.id, 40),
                       "font": {"color": colour, "size": 11}, "bgcolor": "rgba(255,255,255,0.8)"})
     return shapes, notes
 

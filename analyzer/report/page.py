@@ -21,12 +21,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..diagnosis.findings import SEVERITIES
+from ..diagnosis.findings import SEVERITIES, Finding
 from ..errors import ReportError, TracealyzeError
+from .cards import cards, for_display
 from .context import ReportContext
 from .figures import Chart
 from .header import run_header
-from .text import format_evidence
 
 PLOTLY_FILE = "plotly-cartesian.min.js"
 PLOTLY_VERSION_FILE = "plotly-cartesian.VERSION.txt"
@@ -106,10 +106,15 @@ def _open_run(run_dir: Path) -> Any:
     return open_run(run_dir)
 
 
-def _build_summary(run: Any, overrides: Any) -> dict[str, Any]:
-    from ..diagnosis.summary import build_summary
+def _analyse(run: Any, overrides: Any) -> tuple[list[Finding], Any, list[dict[str, Any]]]:
+    """(findings, GPU time rows, not checked) of the run's one Analysis, in the summary's
+    order: root causes first, each followed by what it explains; late failures last."""
+    from ..diagnosis.analysis import Analysis
 
-    return build_summary(run, overrides=overrides)
+    analysis = Analysis(run, overrides)
+    findings = list(analysis.findings)
+    gpu = analysis.gpu_time
+    return findings + analysis.late, gpu, analysis.not_checked
 
 
 def _training(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
@@ -147,18 +152,19 @@ STEPS: int = 3 + len(SECTIONS) + 1
 """Progress steps of one report: open, findings, each section, events, render."""
 
 
-def collect(run: Any, findings: list[dict[str, Any]],
+def collect(run: Any, findings: list[Finding],
             tick: Callable[[str], None] = lambda _label: None,
             gpu_time: list[dict[str, Any]] | None = None,
             not_checked: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Everything the template needs, from an open run, its findings, the summary's GPU
-    time breakdown (computed once, by the summary) and what could not be checked."""
+    """Everything the template needs, from an open run, its findings (typed, from its
+    Analysis), the GPU time breakdown (computed once, by the analysis) and what could not be
+    checked."""
     from .events import event_rows, events_chart
 
     ranks = sorted(int(r) for r in (run.ranks or [0]))
     ctx = ReportContext(con=run.con, ranks=ranks, rank=ranks[0] if ranks else 0,
                         knobs=dict((getattr(run, "meta", None) or {}).get("knobs") or {}),
-                        findings=findings,
+                        findings=for_display(findings),
                         gpu_time=[r for r in (gpu_time or []) if r.get("total_us")])
     sections: list[tuple[str, str, list[Chart]]] = []
     for label, build in SECTIONS:
@@ -170,13 +176,9 @@ def collect(run: Any, findings: list[dict[str, Any]],
     charts = [c for _, _, cs in sections for c in cs]
     if ev_chart:
         charts.append(ev_chart)
-    anchors = {c.anchor for c in charts}
-    for f in findings:
-        f["_evidence"] = format_evidence(f.get("evidence") or {})
-        f["_link"] = f.get("chart") if f.get("chart") in anchors else None
     return {
         "header": run_header(run, ctx),
-        "findings": findings,
+        "findings": cards(ctx.findings, {c.anchor for c in charts}),
         "not_checked": not_checked or [],
         "sections": sections,
         "events_chart": ev_chart,
@@ -262,12 +264,9 @@ def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Pa
     run = _open_run(run_dir)
     try:
         bar.step("opened run")
-        summary = _build_summary(run, overrides)
-        # the summary's order: root causes first, each followed by what it explains
-        findings = [dict(f) for f in summary.get("findings", [])]
+        findings, gpu, not_checked = _analyse(run, overrides)
         bar.step("findings")
-        model = collect(run, findings, bar.step, summary.get("gpu_time"),
-                        summary.get("not_checked"))
+        model = collect(run, findings, bar.step, gpu, not_checked)
     except TracealyzeError:  # RunDirError, ConfigError (bad overrides), ...: already clear
         raise
     except Exception as exc:

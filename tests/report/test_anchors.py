@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from tracealyze.analyzer.diagnosis import anchors
+from tracealyze.analyzer.diagnosis.findings import Finding
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,8 +62,8 @@ def test_debug_run_draws_activation_and_update_ratio_charts(tmp_path: Path) -> N
             opt.step()
             rec.step(loss=loss)
     with open_run(tmp_path / "run") as run:
-        model_ = collect(run, [{"id": "update_ratio", "chart": anchors.UPDATE_RATIO,
-                                "severity": "warning", "evidence": {}}])
+        model_ = collect(run, [Finding(id="update_ratio", severity="warning", title="t",
+                                       message="m", chart=anchors.UPDATE_RATIO)])
     drawn = {c.anchor for c in model_["charts"]}
     assert {anchors.ACTIVATIONS, anchors.UPDATE_RATIO} <= drawn
-    assert model_["findings"][0]["_link"] == anchors.UPDATE_RATIO
+    assert model_["findings"][0].link == anchors.UPDATE_RATIO

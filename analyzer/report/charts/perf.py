@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ...diagnosis.findings import Finding
 from ..context import ReportContext
 from ..downsample import bucket_rows, envelopes, num
 from ..figures import (
@@ -85,7 +86,8 @@ def step_time_chart(ctx: ReportContext) -> Chart | None:
     rule = outliers(np.asarray(cols["step"], np.int64),
                         np.asarray(cols["duration_s"], np.float64),
                         ctx.knobs, sto.DEFAULTS)
-    ev = (ctx.finding("step_time_outlier") or {}).get("evidence") or {}
+    outlier = ctx.finding("step_time_outlier")
+    ev = outlier.evidence if outlier is not None else {}
     threshold = float(ev["threshold_s"]) if isinstance(ev.get("threshold_s"), (int, float)) \
         else (rule["threshold"] if rule else max(med + OUTLIER_MADS * 1.4826 * mad, 2 * med))
     if rule is not None:
@@ -153,7 +155,7 @@ def memory_chart(ctx: ReportContext) -> Chart | None:
     first = min(x for c, _, _ in present for x in envs[c].x)
     caption = "Lowest and highest value per step range."
     # One fit line per leaking counter (host RSS and CUDA memory can both leak).
-    for leak in [f for f in ctx.findings if f.get("id") == "memory_leak"][:len(MEM_COLS)]:
+    for leak in [f for f in ctx.findings if f.id == "memory_leak"][:len(MEM_COLS)]:
         fit, fit_caption = _leak_fit(ctx, leak, envs, first, last, capacity)
         traces.extend(fit["traces"])
         caption += " " + fit_caption if fit_caption else ""
@@ -174,15 +176,15 @@ def memory_chart(ctx: ReportContext) -> Chart | None:
     return Chart("memory", "Memory", fig, caption)
 
 
-def _leak_fit(ctx: ReportContext, leak: dict[str, Any], envs: dict[str, Any], first: float,
+def _leak_fit(ctx: ReportContext, leak: Finding, envs: dict[str, Any], first: float,
               last: float, capacity: float | None) -> tuple[dict[str, Any], str]:
     """The memory_leak finding's fit line, extended to the projected OOM when that is near.
 
     Slope (and intercept when given) come from the finding's evidence so the chart shows what
     the detector concluded; without an intercept the line is anchored on the series' floor.
     """
-    ev = leak.get("evidence") or {}
-    subject = str(leak.get("subject") or "")
+    ev = leak.evidence
+    subject = str(leak.subject or "")
     col = subject if envs.get(subject) else next(
         (c for c, _, _ in MEM_COLS if envs[c]), None)
     slope = _ev(ev, "slope_bytes_per_step", "slope")
@@ -190,7 +192,7 @@ def _leak_fit(ctx: ReportContext, leak: dict[str, Any], envs: dict[str, Any], fi
         return {"traces": []}, ""
     start = _ev(ev, "fit_start_step", "start_step", "warmup_end_step")
     if start is None:
-        start = float(leak.get("first_step") if leak.get("first_step") is not None else first)
+        start = float(leak.first_step if leak.first_step is not None else first)
     intercept = _ev(ev, "intercept_bytes", "intercept")
     floor_end = _ev(ev, "floor_end_bytes")
     if intercept is None and floor_end is not None:

@@ -45,8 +45,7 @@ def outlying_ranks(ctx: ReportContext, medians: dict[int, float]) -> list[int]:
     sigma = 1.4826 * float(np.median(np.abs(v - centre)))
     far = [r for r, m in medians.items()
            if abs(m - centre) >= max(4 * sigma, 0.05 * abs(centre)) and m > 0]
-    named = [f["evidence"].get("rank") for f in ctx.findings
-             if f.get("id") == "straggler" and isinstance(f.get("evidence"), dict)]
+    named = [f.evidence.get("rank") for f in ctx.findings if f.id == "straggler"]
     out = [r for r in named if r in medians]
     out += sorted((r for r in far if r not in out), key=lambda r: -abs(medians[r] - centre))
     return out[:MAX_NAMED]
