@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..diagnosis.findings import severity_rank
-from ..diagnosis.summary import build_summary, clean_json
+from ..diagnosis.analysis import Analysis
+from ..diagnosis.findings import Finding, severity_rank
+from ..diagnosis.summary import all_findings, clean_json, step_count
 from ..errors import ConfigError
 from ..report.text import human_count
 from ..run.catalog import Run, open_run
@@ -54,12 +55,12 @@ def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
     if len(db.step) and len(dn.step) and not set(db.step) & set(dn.step):
         warnings.append("the runs share no step numbers: nothing is compared step by step")
     gpu, kernels = gpu_side(ta, tn, metrics, warnings, threshold)
-    fdiff = findings_diff(sb["findings"], sn["findings"])
+    fdiff = findings_diff(sb, sn)
     verdict, worse, better = judge(metrics, fdiff, threshold)
     return clean_json({
         "schema_version": COMPARE_SCHEMA_VERSION,
-        "base": {"run_id": base.run_id, "steps": sb["run"]["steps"], "path": str(base.run_dir)},
-        "new": {"run_id": new.run_id, "steps": sn["run"]["steps"], "path": str(new.run_dir)},
+        "base": {"run_id": base.run_id, "steps": step_count(base), "path": str(base.run_dir)},
+        "new": {"run_id": new.run_id, "steps": step_count(new), "path": str(new.run_dir)},
         "comparable": same_model,
         "warnings": warnings,
         "verdict": verdict,
@@ -74,9 +75,10 @@ def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
     })
 
 
-def _read(run: Run) -> tuple[dict[str, Any], RunData, TraceData | None]:
-    """Everything compare needs of one run: its summary (findings), samples and traces."""
-    return build_summary(run), RunData.load(run), TraceData.load(run.con)
+def _read(run: Run) -> tuple[list[Finding], RunData, TraceData | None]:
+    """Everything compare needs of one run: its findings (its one Analysis, as the summary
+    gives them), samples and traces."""
+    return all_findings(Analysis(run)), RunData.load(run), TraceData.load(run.con)
 
 
 def gpu_side(ta: TraceData | None, tn: TraceData | None, metrics: list[Metric],
@@ -139,32 +141,30 @@ def comparability(a: Mapping[str, Any], b: Mapping[str, Any], da: RunData, dn: R
     return out, same
 
 
-def findings_diff(base: list[dict[str, Any]], new: list[dict[str, Any]]
-                  ) -> dict[str, list[dict[str, Any]]]:
+def findings_diff(base: list[Finding], new: list[Finding]) -> dict[str, list[dict[str, Any]]]:
     """Findings above info that are new, gone (resolved) or more severe, by id: the same
     kind of problem in both runs is the same problem even when its subject moved (an
     explosion named on another layer after a change), so no finding is ever listed as both
     new and resolved."""
-    def index(fs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    def index(fs: list[Finding]) -> dict[str, Finding]:
+        out: dict[str, Finding] = {}
         for f in fs:
-            if f["severity"] == "info":
+            if f.severity == "info":
                 continue
-            key = f["id"]
-            if key not in out or severity_rank(f["severity"]) > \
-                    severity_rank(out[key]["severity"]):
-                out[key] = f
+            if f.id not in out or severity_rank(f.severity) > severity_rank(out[f.id].severity):
+                out[f.id] = f
         return out
 
-    def brief(f: dict[str, Any]) -> dict[str, Any]:
-        return {k: f.get(k) for k in ("id", "severity", "subject", "title", "first_step")}
+    def brief(f: Finding) -> dict[str, Any]:
+        return {"id": f.id, "severity": f.severity, "subject": f.subject, "title": f.title,
+                "first_step": f.first_step}
 
     ib, inew = index(base), index(new)
     return {
         "new": [brief(f) for k, f in inew.items() if k not in ib],
         "resolved": [brief(f) for k, f in ib.items() if k not in inew],
-        "worse": [{**brief(f), "base_severity": ib[k]["severity"]} for k, f in inew.items()
-                  if k in ib and severity_rank(f["severity"]) > severity_rank(ib[k]["severity"])],
+        "worse": [{**brief(f), "base_severity": ib[k].severity} for k, f in inew.items()
+                  if k in ib and severity_rank(f.severity) > severity_rank(ib[k].severity)],
     }
 
 

@@ -54,23 +54,35 @@ def build_summary(run: Run | str | Path, overrides: Any = None, *,
     return summary_of(Analysis(run, overrides, config_file=config_file))
 
 
+def step_count(run: Run) -> int:
+    """How many distinct steps the run recorded (the summary's ``run.steps``)."""
+    (steps,) = run.con.execute("SELECT count(DISTINCT step) FROM steps").fetchone()
+    return int(steps)
+
+
+def all_findings(analysis: Analysis) -> list[Finding]:
+    """The summary's findings, typed: the detectors' (root causes first, each followed by
+    what it explains), then the failures found after them (the GPU time breakdown's)."""
+    _ = analysis.gpu_time  # (may add a late failure)
+    return [*analysis.findings, *analysis.late]
+
+
 def summary_of(analysis: Analysis) -> dict[str, Any]:
     """The DESIGN.md summary JSON of an analysis (its findings computed once)."""
     run = analysis.run
-    (steps,) = run.con.execute("SELECT count(DISTINCT step) FROM steps").fetchone()
+    steps = step_count(run)
     out: dict[str, Any] = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         # "killed": marked running, but its heartbeat is stale by the format's rule (run.json
         # still says running: nobody got to say otherwise); "killed": true says the same
         "run": {"run_id": run.run_id, "status": "killed" if run.killed else run.status,
-                "steps": int(steps), "ranks": list(run.ranks),
+                "steps": steps, "ranks": list(run.ranks),
                 "killed": run.killed, "heartbeat_age_s": run.heartbeat_age_s()},
-        "findings": [f.to_json() for f in analysis.findings],
+        "findings": [f.to_json() for f in all_findings(analysis)],
         # what could not be checked, and why (a healthy verdict covers only the rest)
         "not_checked": analysis.not_checked,
     }
     gpu = analysis.gpu_time
-    out["findings"].extend(f.to_json() for f in analysis.late)
     if gpu is not None:
         out["gpu_time"] = gpu
     return clean_json(out)

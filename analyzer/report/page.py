@@ -110,11 +110,10 @@ def _analyse(run: Any, overrides: Any) -> tuple[list[Finding], Any, list[dict[st
     """(findings, GPU time rows, not checked) of the run's one Analysis, in the summary's
     order: root causes first, each followed by what it explains; late failures last."""
     from ..diagnosis.analysis import Analysis
+    from ..diagnosis.summary import all_findings
 
     analysis = Analysis(run, overrides)
-    findings = list(analysis.findings)
-    gpu = analysis.gpu_time
-    return findings + analysis.late, gpu, analysis.not_checked
+    return all_findings(analysis), analysis.gpu_time, analysis.not_checked
 
 
 def _training(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:

@@ -129,10 +129,14 @@ def test_loss_is_compared_up_to_the_first_nan(tmp_path: Path) -> None:
 
 def test_a_finding_whose_subject_moved_is_not_both_new_and_resolved(tmp_path: Path) -> None:
     from tracealyze.analyzer.compare.runs import findings_diff
+    from tracealyze.analyzer.diagnosis.findings import Finding
 
-    base = [{"id": "gradient_explosion", "severity": "error", "subject": "emb.weight"}]
-    new = [{"id": "gradient_explosion", "severity": "warning", "subject": "rnn.weight_hh_l0"},
-           {"id": "loss_spike", "severity": "warning", "subject": "loss"}]
+    def f(fid: str, severity: str, subject: str) -> Finding:
+        return Finding(id=fid, severity=severity, title=fid, message="m", subject=subject)
+
+    base = [f("gradient_explosion", "error", "emb.weight")]
+    new = [f("gradient_explosion", "warning", "rnn.weight_hh_l0"),
+           f("loss_spike", "warning", "loss")]
     d = findings_diff(base, new)
     assert [f["id"] for f in d["new"]] == ["loss_spike"]
     assert d["resolved"] == [] and d["worse"] == []
