@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from tracealyze.format.storage import is_url
 from tracealyze.format.vocabulary import PRESETS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,7 +55,17 @@ def _edge(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-_RUN_DIR = click.Path(path_type=Path)  # existence is checked by open_run (one clear message)
+class _RunLocation(click.ParamType):
+    """A run directory: a local path, or a URL (``s3://``, ``gs://``, ``az://``, ``file://``)
+    kept as text (``Path`` folds ``s3://b`` into ``s3:/b``); open_run checks it exists."""
+
+    name = "RUN_DIR"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Path | str:
+        return str(value) if is_url(value) else Path(value)
+
+
+_RUN_DIR = _RunLocation()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -96,43 +107,6 @@ def tables(run_dir: Path) -> None:
             click.echo(f"    {col:<22} {typ}")
     for path, why in skipped:
         click.echo(f"skipped {path}: {why}", err=True)
-
-
-def _render_table(cols: list[str], rows: list[tuple[Any, ...]]) -> str:
-    def cell(v: Any) -> str:
-        if v is None:
-            return "NULL"
-        if isinstance(v, float):
-            return f"{v:.6g}"
-        return str(v)
-
-    body = [[cell(v) for v in r] for r in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(cols)]
-    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) and rows
-               for i in range(len(cols))]
-
-    def line(vals: list[str]) -> str:
-        return "  ".join(v.rjust(w) if numeric[i] else v.ljust(w)
-                         for i, (v, w) in enumerate(zip(vals, widths, strict=True))).rstrip()
-
-    out = [line(cols), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in body]
-    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
-    return "\n".join(out)
-
-
-def _json_value(v: Any) -> Any:
-    import math
-
-    if isinstance(v, float) and not math.isfinite(v):
-        return None  # strict JSON has no NaN/Inf
-    if v is None or isinstance(v, (str, int, float, bool)):
-        return v
-    if isinstance(v, (list, tuple)):
-        return [_json_value(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _json_value(x) for k, x in v.items()}
-    return str(v)
 
 
 @main.command()
@@ -179,10 +153,14 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> 
     elif fmt == "json":
         import json
 
-        click.echo(json.dumps([{c: _json_value(v) for c, v in zip(cols, r, strict=True)}
+        from .sql.render import json_value
+
+        click.echo(json.dumps([{c: json_value(v) for c, v in zip(cols, r, strict=True)}
                                for r in rows], indent=1))
     else:
-        click.echo(_render_table(cols, rows))
+        from .sql.render import render_table
+
+        click.echo(render_table(cols, rows))
 
 
 _SET_HELP = ("Override a threshold: DETECTOR.KEY=VALUE (repeatable), "
@@ -280,6 +258,8 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
       tracealyze import-trace prof/worker0.pt.trace.json.gz runs/exp1
       tracealyze import-trace prof/ runs/exp1        # every rank's trace in prof/
     """
+    if isinstance(run_dir, str):  # a URL (_RunLocation)
+        raise BadInput(f"import-trace writes into a local run directory, not {run_dir}")
     try:
         from .ingest.importer import import_traces
         from .ingest.stream import Limits

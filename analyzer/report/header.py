@@ -92,7 +92,7 @@ def run_header(run: Any, ctx: ReportContext) -> dict[str, Any]:
                                   f"{resumes[-1].get('from_step', '?')})"))
     return {
         "run_id": str(meta.get("run_id") or ""),
-        "name": (getattr(run, "run_dir", None) and str(run.run_dir.name)) or "",
+        "name": _name(run),
         "status": label, "status_class": cls, "status_detail": detail,
         "fields": fields,
         "skipped_parts": [_skipped(p) for p in (getattr(run, "skipped_parts", None) or [])][:20],
@@ -104,3 +104,11 @@ def _skipped(entry: Any) -> str:
     if isinstance(entry, (tuple, list)) and len(entry) == 2:
         return f"{entry[0]} ({entry[1]})"
     return str(entry)
+
+
+def _name(run: Any) -> str:
+    """The run's folder name (a run read from a store: the last part of its URL)."""
+    url = getattr(run, "url", None)
+    if url:
+        return str(url).rstrip("/").rsplit("/", 1)[-1]
+    return str(run.run_dir.name) if getattr(run, "run_dir", None) else ""

@@ -100,7 +100,7 @@ class Progress:
                 self.stream.flush()
 
 
-def _open_run(run_dir: Path) -> Any:
+def _open_run(run_dir: Path | str) -> Any:
     from ..run.catalog import open_run
 
     return open_run(run_dir)
@@ -245,22 +245,47 @@ def _csp_hash(script: str) -> str:
     return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
 
 
-def write_report(run_dir: Path, out: Path | None = None, *, overrides: Any = None,
-                 progress: bool = True) -> Path:
+def write_report(run_dir: Path | str, out: Path | None = None, *, overrides: Any = None,
+                 progress: bool = True) -> Path | str:
     """Write the HTML report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``) and
-    return its path. Raises RunDirError for a bad run directory, ReportError otherwise; a
-    progress bar goes to stderr when it takes more than a second (``progress``)."""
-    run_dir = Path(run_dir)
-    out = Path(out) if out is not None else run_dir / "report.html"
+    return where it went. Raises RunDirError for a bad run directory, ReportError otherwise;
+    a progress bar goes to stderr when it takes more than a second (``progress``).
+
+    ``run_dir`` may be a URL (``s3://...``): the report is built from the run's local
+    mirror and, without ``out``, written next to the data (``URL/report.html``); a store
+    that refuses the write is a ReportError that says to give ``out``."""
+    from tracealyze.format.storage import is_url
+
+    url = str(run_dir) if is_url(str(run_dir)) else None
     bar = Progress(total=STEPS, enabled=progress)
     try:
-        return _write_report(run_dir, out, overrides, bar)
+        path = _write_report(url or Path(run_dir), Path(out) if out is not None else None,
+                             overrides, bar)
     finally:
         bar.finish()
+    if url is None or out is not None:
+        return path
+    return _upload_report(url, path)
 
 
-def _write_report(run_dir: Path, out: Path, overrides: Any, bar: Progress) -> Path:
-    run = _open_run(run_dir)
+def _upload_report(url: str, path: Path) -> str:
+    """A report of a run in a store, written next to its data."""
+    from tracealyze.format.storage import locate, write_bytes
+
+    from ..errors import one_line
+
+    try:
+        write_bytes(locate(url), "report.html", path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise ReportError(f"cannot write report.html to {url} ({one_line(e)[:200]}); give "
+                          f"-o PATH to write it elsewhere (a copy is at {path})") from None
+    return url.rstrip("/") + "/report.html"
+
+
+def _write_report(run_dir: Path | str, out: Path | None, overrides: Any, bar: Progress
+                  ) -> Path:
+    run = _open_run(run_dir)  # (a URL: its local mirror, where the report goes by default)
+    out = out if out is not None else run.run_dir / "report.html"
     try:
         bar.step("opened run")
         findings, gpu, not_checked = _analyse(run, overrides)

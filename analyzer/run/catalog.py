@@ -23,6 +23,7 @@ from tracealyze.format.parts import (
     table_parts,
 )
 from tracealyze.format.runmeta import MetaError, load_json
+from tracealyze.format.storage import is_url
 
 from ..errors import RunDirError, SchemaVersionError
 from ..sql.safe import lock
@@ -36,6 +37,7 @@ from .held import (
     held_name,
 )
 from .live import RELISTS, RetryingConnection, built_despite_merges
+from .remote import mirror
 from .view_sql import view_sql as _view_sql
 from .views import build_views, new_connection
 
@@ -61,10 +63,16 @@ def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool =
     """Open ``path`` read-only and build the views. Raises RunDirError / SchemaVersionError.
 
     ``allow_empty``: accept a run with no readable data part at all (by default it is an
-    error: there is nothing to analyse). The connection reads only files under ``path``
+    error: there is nothing to analyse). ``path`` may be a URL (``s3://``, ``gs://``,
+    ``az://``, ``file://``): the run is read through a local mirror (:mod:`.remote`). The
+    connection reads only files under ``path``
     unless ``allow_files`` (``query --allow-files``): sqlsafe.sandbox.
     """
+    url = str(path) if is_url(str(path)) else None
+    if url is not None:  # a run in object storage: read through its local mirror
+        path = mirror(url)
     run, con = _scan_and_connect(path, allow_empty, allow_files)
+    run.url = url
 
     def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
         fresh, fresh_con = _scan_and_connect(run.run_dir, True, allow_files)

@@ -41,6 +41,8 @@ class Run(Views):
 
     def __init__(self, run_dir: Path, meta: dict[str, Any]) -> None:
         self.run_dir: Path = run_dir
+        self.url: str | None = None
+        """The object-storage URL the run was read from (``run_dir`` is then its mirror)."""
         self.meta: dict[str, Any] = meta
         self.rank_meta: dict[int, dict[str, Any]] = {}
         self.skipped_parts: list[tuple[Path, str]] = []

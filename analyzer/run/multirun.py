@@ -15,11 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tracealyze.format.storage import is_url
+
 from ..errors import RunDirError
 from ..sql.safe import execute_one, literal, lock
 from .catalog import scan_run
 from .handle import Run, Views
 from .live import RetryingConnection, built_despite_merges
+from .remote import mirror
 from .views import build_views, new_connection
 
 
@@ -53,6 +56,9 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
     that cannot be opened."""
     if not paths:
         raise RunDirError("no run directory given")
+    # a run in object storage is read from its local mirror, and named by its URL
+    shown = {mirror(str(p)): str(p) for p in paths if is_url(str(p))}
+    paths = [next((m for m, u in shown.items() if u == str(p)), p) for p in paths]
     # A glob over a sweep's folder catches the odd non-run directory (logs/, a checkpoint
     # folder): it is left out with a warning, not allowed to abort the query over the rest.
     not_runs = {p for p in paths if Path(p).is_dir() and not (Path(p) / "run.json").exists()}
@@ -66,19 +72,22 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
         if real in seen:
             raise RunDirError(f"the same run is given twice: {seen[real]} and {p}")
         seen[real] = str(p)
-    runs, ids, con = built_despite_merges(lambda: _build(paths, seen, allow_files))
+    labels = [shown.get(Path(p), str(p)) for p in paths]
+    runs, ids, con = built_despite_merges(lambda: _build(paths, labels, seen, allow_files))
 
     def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
-        fresh, _, fresh_con = built_despite_merges(lambda: _build(paths, seen, allow_files))
+        fresh, _, fresh_con = built_despite_merges(
+            lambda: _build(paths, labels, seen, allow_files))
         runs[:] = fresh
         return fresh_con
 
     return RunSet(runs, ids, RetryingConnection(con, reopen), skipped)
 
 
-def _build(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
-           ) -> tuple[list[Run], list[str], Any]:
-    """Every run's views in a schema of one connection, and the union views over them."""
+def _build(paths: Sequence[str | Path], labels: list[str], seen: dict[Path, str],
+           allow_files: bool) -> tuple[list[Run], list[str], Any]:
+    """Every run's views in a schema of one connection, and the union views over them
+    (``run_path``: ``labels``, the path or URL each run was given as)."""
     con = new_connection(seen, allow_files=allow_files)
     runs: list[Run] = []
     try:
@@ -94,7 +103,7 @@ def _build(paths: Sequence[str | Path], seen: dict[Path, str], allow_files: bool
             views.setdefault(name, []).append(int(schema[3:]))
         for name, members in views.items():
             union = " UNION ALL BY NAME ".join(
-                f"SELECT {literal(ids[i])} AS run_id, {literal(str(paths[i]))} AS run_path, "
+                f"SELECT {literal(ids[i])} AS run_id, {literal(labels[i])} AS run_path, "
                 f"* FROM run{i}.{name}"
                 for i in sorted(members))
             execute_one(con, f"CREATE VIEW main.{name} AS {union}")

@@ -1,0 +1,93 @@
+"""A run directory in object storage (``s3://``, ``gs://``, ``az://``, ``file://``), read
+through a local mirror.
+
+Every command opens a URL by bringing the run's files (format.storage.run_file: run.json, the
+rank files, the parts, raw traces; nothing else under the prefix) into a cache folder, one
+per URL, and then reads that folder exactly as a local run: the same checks, views and
+sandbox. The store is listed once per command, and a file is fetched again only when its
+size or modification time changed since the last command: a second ``summary`` or a
+``report`` after it fetches nothing of a finished run. A compacted run is one part per table
+and rank, so the requests grow with tables × ranks, not with steps.
+
+The cache lives in ``$TRACEALYZE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tracealyze/runs``, else
+``~/.cache/tracealyze/runs``. Deleting it is always safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tracealyze.format.storage import Location, StoredFile, list_run, locate, read_bytes
+
+from ..errors import RunDirError, one_line
+
+MANIFEST = ".tracealyze-mirror.json"
+"""In each mirror: the URL and, per file, the (size, mtime) it was fetched at."""
+FETCH_THREADS = 8
+"""Objects fetched at once: requests to a store are latency-bound, not CPU-bound."""
+
+
+def cache_root() -> Path:
+    env = os.environ.get("TRACEALYZE_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tracealyze" / "runs"
+
+
+def mirror(url: str, root: Path | None = None) -> Path:
+    """The local mirror of the run at ``url``, brought up to date. RunDirError (one line)
+    when the URL cannot be used, the store refuses or the prefix holds no run."""
+    try:
+        loc = locate(url)
+        files = list_run(loc)
+    except (ValueError, OSError) as e:
+        raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
+    if not any(f.rel == "run.json" for f in files):
+        raise RunDirError(f"not a run directory (no run.json): {url}")
+    dest = (root or cache_root()) / hashlib.sha256(loc.url.encode()).hexdigest()[:24]
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        old = _manifest(dest)
+        stale = [f for f in files
+                 if old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file()]
+        with ThreadPoolExecutor(FETCH_THREADS) as pool:
+            list(pool.map(lambda f: _fetch(loc, f, dest), stale))
+        _prune(dest, {f.rel for f in files})
+        (dest / MANIFEST).write_text(json.dumps(
+            {"url": loc.url, "files": {f.rel: [f.size, f.mtime_ns] for f in files}}))
+    except OSError as e:
+        raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
+    return dest
+
+
+def _manifest(dest: Path) -> dict[str, list[int | None]]:
+    try:
+        got = json.loads((dest / MANIFEST).read_text())
+        files = got.get("files") if isinstance(got, dict) else None
+        return files if isinstance(files, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _fetch(loc: Location, f: StoredFile, dest: Path) -> None:
+    """One object into the mirror, through a temporary name (a reader of the mirror never
+    sees half a file)."""
+    target = dest / f.rel  # (f.rel is a checked run file name: no '..', no absolute part)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(read_bytes(loc, f.rel))
+    os.replace(tmp, target)
+
+
+def _prune(dest: Path, keep: set[str]) -> None:
+    """Remove mirrored files the store no longer has (parts merged away since)."""
+    for path in sorted(dest.rglob("*"), reverse=True):
+        rel = path.relative_to(dest).as_posix()
+        if path.is_file() and not path.is_symlink() and rel not in keep and rel != MANIFEST \
+                and rel != "report.html":
+            path.unlink()

@@ -1,0 +1,144 @@
+"""Run directories in object storage: ``s3://``, ``gs://`` (``gcs://``), ``az://``/``abfs://``
+and ``file://`` URLs, through pyarrow's own filesystems.
+
+pyarrow is already what reads and writes every part, and its filesystems (S3, GCS, Azure)
+take credentials from each store's standard chain (environment, config files, instance
+roles) and the endpoint of an S3-compatible store (MinIO) from ``AWS_ENDPOINT_URL``: no
+second client library, and no DuckDB extension downloaded at run time (machines may be
+offline).
+
+A run directory in a store is a prefix. What of it is run data is decided by the format's
+names alone (:func:`run_file`): ``run.json``, ``ranks/rank=<r>.json``,
+``<table>/rank=<r>/part-*.parquet`` and ``traces/rank=<r>/*.json[.gz]``. Any other key
+under the prefix is ignored, and a key is never taken outside it: a listing comes from the
+store (a stranger's), so each key is checked to lie under the prefix and to name one of those
+files, segment by segment (no ``..``, no empty or absolute segment, no backslash).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .parts import PART_RE, RANK_DIR_RE, RANK_FILE_RE
+from .schema import TABLES
+
+SCHEMES: dict[str, str] = {"s3": "s3", "gs": "gs", "gcs": "gs", "az": "abfs", "abfs": "abfs",
+                           "abfss": "abfs", "file": "file"}
+"""URL scheme -> the pyarrow filesystem that serves it."""
+
+_URL_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+_TRACE_RE = re.compile(r"^[^/\\]{1,255}\.json(\.gz)?$")
+
+
+def is_url(text: object) -> bool:
+    """Whether ``text`` is a URL (``scheme://...``) rather than a local path."""
+    return isinstance(text, str) and _URL_RE.match(text) is not None
+
+
+@dataclass(frozen=True)
+class Location:
+    """A run directory in a store: its URL, the filesystem and the root path in it."""
+
+    url: str
+    fs: Any  # pyarrow.fs.FileSystem
+    root: str
+    """The run's prefix in ``fs`` (``bucket/runs/x``), no trailing slash."""
+
+    def path(self, rel: str) -> str:
+        """The filesystem path of ``rel`` (a :func:`run_file` name) under the root."""
+        if run_file(rel) is None and rel != "report.html":
+            raise ValueError(f"not a run file: {rel!r}")
+        return f"{self.root}/{rel}"
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    rel: str
+    """The path under the run's prefix (checked by :func:`run_file`)."""
+    size: int
+    mtime_ns: int | None
+
+
+def locate(url: str) -> Location:
+    """The filesystem and root of ``url``. ValueError for a URL this cannot serve (an
+    unknown scheme, no bucket, a path with ``..``); OSError when the store refuses."""
+    m = _URL_RE.match(url)
+    if m is None:
+        raise ValueError(f"not a URL: {url!r}")
+    scheme = m.group(1).lower()
+    if scheme not in SCHEMES:
+        raise ValueError(f"unsupported storage URL scheme {scheme!r} in {url!r}; use one of "
+                         f"{', '.join(s + '://' for s in SCHEMES)}")
+    parts = urlsplit(url)
+    if scheme != "file" and not parts.netloc:
+        raise ValueError(f"no bucket in {url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"a run URL takes no query or fragment: {url!r}")
+    if any(seg in (".", "..") for seg in parts.path.split("/")):
+        raise ValueError(f"'.' or '..' in the run URL {url!r}")
+    from pyarrow import fs as pafs
+
+    try:
+        filesystem, root = pafs.FileSystem.from_uri(url)
+    except (ValueError, TypeError) as e:  # pyarrow: ArrowInvalid is a ValueError
+        raise ValueError(f"cannot use {url!r}: {e}") from None
+    return Location(url=url.rstrip("/"), fs=filesystem, root=root.rstrip("/"))
+
+
+def run_file(rel: str) -> str | None:
+    """What kind of run file ``rel`` (a path under the run's prefix) is: ``meta``,
+    ``rank_meta``, ``part`` or ``trace``; None for anything else (ignored)."""
+    if not rel or "\\" in rel or "\x00" in rel or rel.startswith("/"):
+        return None
+    segs = rel.split("/")
+    if any(s in ("", ".", "..") for s in segs):
+        return None
+    if segs == ["run.json"]:
+        return "meta"
+    if len(segs) == 2 and segs[0] == "ranks" and RANK_FILE_RE.match(segs[1]):
+        return "rank_meta"
+    if len(segs) == 3 and RANK_DIR_RE.match(segs[1]):
+        if segs[0] in TABLES and PART_RE.match(segs[2]):
+            return "part"
+        if segs[0] == "traces" and _TRACE_RE.match(segs[2]):
+            return "trace"
+    return None
+
+
+def list_run(loc: Location) -> list[StoredFile]:
+    """The run files under ``loc`` (one recursive listing), each checked by
+    :func:`run_file`; keys that are not run files, or not under the prefix, are left out."""
+    from pyarrow import fs as pafs
+
+    prefix = loc.root + "/"
+    out = []
+    for info in loc.fs.get_file_info(pafs.FileSelector(loc.root, recursive=True,
+                                                       allow_not_found=True)):
+        if info.type != pafs.FileType.File or not info.path.startswith(prefix):
+            continue
+        rel = info.path[len(prefix):]
+        if run_file(rel) is None:
+            continue
+        out.append(StoredFile(rel, int(info.size or 0), info.mtime_ns))
+    if not out and "/" in loc.root and loc.url.split("://")[0] != "file":
+        bucket = loc.root.split("/", 1)[0]  # an empty listing: is there a bucket at all?
+        if loc.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"no such bucket: {bucket}")
+    return sorted(out, key=lambda f: f.rel)
+
+
+def read_bytes(loc: Location, rel: str) -> bytes:
+    """The whole object ``rel`` under ``loc``."""
+    with loc.fs.open_input_stream(loc.path(rel)) as f:
+        return bytes(f.read())
+
+
+def write_bytes(loc: Location, rel: str, data: bytes) -> None:
+    """Write ``data`` as the object ``rel`` under ``loc``: visible under its final name only
+    once the upload completed (one PUT, or a completed multipart upload): the commit point
+    of an object store, where there is no rename."""
+    with loc.fs.open_output_stream(loc.path(rel)) as f:
+        f.write(data)

@@ -1,0 +1,184 @@
+"""Run directories in object storage, read by the analyzer: against a real S3 API server
+(moto's server mode on 127.0.0.1, a free port), through pyarrow's S3 filesystem and the
+standard ``AWS_ENDPOINT_URL`` and credential variables, never a patched client."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from tracealyze.analyzer.cli import main
+from tracealyze.format import storage
+
+from tests.runfactory import make_run
+
+moto_server = pytest.importorskip("moto.server")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh bucket; the environment a user of an S3-compatible store sets."""
+    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
+                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                 "TRACEALYZE_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    from pyarrow import fs
+
+    bucket = f"runs-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+    s3fs = fs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True)
+    s3fs.create_dir(bucket)
+    return bucket
+
+
+def _upload(local: Path, url: str) -> None:
+    loc = storage.locate(url)
+    for f in sorted(local.rglob("*")):
+        if f.is_file():
+            with loc.fs.open_output_stream(f"{loc.root}/{f.relative_to(local).as_posix()}") as o:
+                o.write(f.read_bytes())
+
+
+def _summary(target: str) -> dict:
+    res = CliRunner().invoke(main, ["summary", target, "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    out["run"].pop("heartbeat_age_s", None)
+    return out
+
+
+def test_summary_report_and_query_of_a_run_in_a_bucket(s3: str, tmp_path: Path) -> None:
+    local = make_run(tmp_path, steps=120, tensors=3, seed=4,
+                     grad_norm=[1.0] * 60 + [1.0 * 1.25 ** i for i in range(60)])
+    url = f"s3://{s3}/team/runs/exp1"
+    _upload(local, url)
+    assert _summary(url) == _summary(str(local))  # the same findings, run id and counts
+
+    res = CliRunner().invoke(main, ["report", url])
+    assert res.exit_code == 0, res.output
+    assert res.output.strip() == f"{url}/report.html"
+    loc = storage.locate(url)
+    assert loc.fs.get_file_info(f"{loc.root}/report.html").size > 10_000
+    page = storage.read_bytes(loc, "report.html").decode()
+    assert "<h1>exp1" in page  # named after the URL, not the cache folder
+
+    res = CliRunner().invoke(main, ["query", url, "SELECT count(*) AS n FROM steps",
+                                    "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[-1] == "120"
+
+    other = make_run(tmp_path, name="other", steps=30, seed=5)
+    _upload(other, f"s3://{s3}/team/runs/exp2")
+    res = CliRunner().invoke(main, ["query", url, f"s3://{s3}/team/runs/exp2",
+                                    "SELECT run_path, count(*) FROM steps GROUP BY ALL "
+                                    "ORDER BY 2", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[1:] == [f"s3://{s3}/team/runs/exp2,30", f"{url},120"]
+
+
+def test_a_second_command_fetches_only_what_changed(s3: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracealyze.analyzer.run import remote
+
+    local = make_run(tmp_path, steps=40, parts=4, seed=1)
+    url = f"s3://{s3}/r"
+    _upload(local, url)
+    fetched: list[str] = []
+    real = remote.read_bytes
+    monkeypatch.setattr(remote, "read_bytes", lambda loc, rel: fetched.append(rel)
+                        or real(loc, rel))
+    first = remote.mirror(url)
+    assert "run.json" in fetched and any(r.endswith(".parquet") for r in fetched)
+    fetched.clear()
+    assert remote.mirror(url) == first and fetched == []
+    # a part merged away on the store is gone from the mirror too
+    loc = storage.locate(url)
+    gone = next(f.rel for f in storage.list_run(loc) if f.rel.startswith("steps/"))
+    loc.fs.delete_file(f"{loc.root}/{gone}")
+    remote.mirror(url)
+    assert not (first / gone).exists()
+
+
+def test_hostile_keys_never_leave_the_run_prefix(s3: str, tmp_path: Path) -> None:
+    local = make_run(tmp_path, steps=20, seed=2)
+    url = f"s3://{s3}/p/run"
+    _upload(local, url)
+    _upload(local, f"s3://{s3}/p/run2")  # a sibling prefix that starts the same
+    loc = storage.locate(url)
+    for key in ("p/run/../escape/run.json", "p/run/steps/rank=0/../../../x.parquet",
+                "p/run/steps/rank=0/part-000009.parquet%2F..%2F..%2Fy",
+                "p/run/steps/rank=x/part-000001.parquet", "p/run/.hidden/run.json",
+                "p/run/traces/rank=0/a\\b.json"):
+        with loc.fs.open_output_stream(f"{s3}/{key}") as o:
+            o.write(b"PAR1 not data")
+    from tracealyze.analyzer.run.remote import mirror
+
+    dest = mirror(url)
+    got = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    want = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    assert [g for g in got if g != remote_manifest()] == want
+    assert not (tmp_path / "cache" / "escape").exists()
+
+
+def remote_manifest() -> str:
+    from tracealyze.analyzer.run.remote import MANIFEST
+
+    return MANIFEST
+
+
+@pytest.mark.parametrize("target, words", [
+    ("s3://no-such-bucket-here/x", "no such bucket: no-such-bucket-here"),
+    ("ftp://host/run", "unsupported storage URL scheme 'ftp'"),
+    ("s3:///run", "no bucket"),
+])
+def test_a_url_that_cannot_be_read_is_one_line_and_exit_2(s3: str, target: str,
+                                                           words: str) -> None:
+    res = CliRunner().invoke(main, ["summary", target])
+    assert res.exit_code == 2, res.output
+    assert words in res.output and len(res.output.strip().splitlines()) == 1
+    assert "Traceback" not in res.output
+
+
+def test_a_prefix_without_run_json_is_not_a_run(s3: str) -> None:
+    res = CliRunner().invoke(main, ["summary", f"s3://{s3}/empty"])
+    assert res.exit_code == 2 and "no run.json" in res.output
+
+
+_SEG = st.sampled_from(["..", ".", "", "steps", "rank=0", "rank=-1", "ranks", "traces",
+                        "run.json", "rank=3.json", "part-000001.parquet", "a.json", "x\\y",
+                        "/", "%2e%2e", "part-1-2.parquet"])
+
+
+@given(st.lists(_SEG, min_size=1, max_size=5))
+def test_a_run_file_name_never_climbs_or_leaves_the_format(segs: list[str]) -> None:
+    rel = "/".join(segs)
+    kind = storage.run_file(rel)
+    if kind is None:
+        return
+    parts = rel.split("/")
+    assert ".." not in parts and "." not in parts and "" not in parts and "\\" not in rel
+    base = Path("/mirror")
+    assert (base / rel).resolve().is_relative_to(base)
