@@ -291,8 +291,31 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
                    f"in {time.monotonic() - started:.1f} s")
 
 
+@main.command()
+@click.argument("spool", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="Seconds to keep retrying a store that refuses.")
+@_edge
+def upload(spool: Path, timeout: float) -> None:
+    """Upload the spool of a run recorded to object storage whose process died before its
+    last upload (kill -9, node drained); the spool names its URL. Then deletes the spool.
+
+    \b
+    Example:
+      tracealyze upload /tmp/tracealyze-spool/5f0c2a...
+    """
+    from tracealyze.format.spool import remove_spool, upload_spool
+
+    try:
+        url, sent = upload_spool(spool, timeout)
+    except ValueError as e:
+        raise BadInput(str(e)) from e
+    remove_spool(spool)
+    click.echo(f"uploaded {sent:,} bytes to {url}")
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--run-dir", type=click.Path(path_type=Path), default=None,
+@click.option("--run-dir", type=_RUN_DIR, default=None,
               help="Where to write (default runs/<script>-<date-time>).")
 @click.option("--preset", type=click.Choice(PRESETS),
               default="standard", show_default=True, help="Recorder preset.")
@@ -315,6 +338,9 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
     """
     from . import record as rec
 
+    if isinstance(run_dir, str):  # a URL (_RunLocation)
+        raise BadInput("record --run-dir takes a local directory for now; record to a bucket "
+                       "from the script (Recorder(url) or a callback's run_dir)")
     knobs = rec.parse_set(sets)
     rec.check_knobs(preset, knobs)
     rec.check_command(command)

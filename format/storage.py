@@ -142,3 +142,35 @@ def write_bytes(loc: Location, rel: str, data: bytes) -> None:
     of an object store, where there is no rename."""
     with loc.fs.open_output_stream(loc.path(rel)) as f:
         f.write(data)
+
+
+def delete(loc: Location, rel: str) -> None:
+    """Remove the object ``rel`` (a part merged away); gone already is fine."""
+    try:
+        loc.fs.delete_file(loc.path(rel))
+    except FileNotFoundError:
+        pass
+
+
+def local_files(folder: Any) -> dict[str, tuple[int, int]]:
+    """The run files of a local run directory (``rel -> (size, mtime_ns)``), by the same
+    names as :func:`list_run`; links are not followed, temporary files not listed."""
+    import os
+    from pathlib import Path
+
+    root = Path(folder)
+    out: dict[str, tuple[int, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames:
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if run_file(rel) is None:
+                continue
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:  # merged away while listed
+                continue
+            if not os.path.islink(path):
+                out[rel] = (st.st_size, st.st_mtime_ns)
+    return out

@@ -86,6 +86,12 @@ class RecorderConfig:
     """Merge each table's part files into one at close, and merge small parts as they
     accumulate (a killed run keeps a few dozen files per table, not one per flush). False
     keeps one file per flush."""
+    spool_dir: str | None = None
+    """Recording to a URL (``s3://``, ``gs://``, ``az://``): the local folder parts are
+    written to before they are uploaded (default: the system temporary directory)."""
+    upload_timeout_s: float = 60.0
+    """Recording to a URL: how long ``close()`` retries the last upload before it gives up,
+    keeping the spool for ``tracealyze upload``."""
     stats_chunk_elems: int = 1 << 24
     """Largest number of elements concatenated at once for full statistics (bounds the
     temporary memory those steps need)."""
@@ -178,6 +184,8 @@ def _check(name: str, value: Any, hint: Any) -> None:
         if value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         return
+    if str in allowed and isinstance(value, str) and value:
+        return
     if float in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
@@ -261,7 +269,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "profiling": ("profile_every", "profile_start", "profile_warmup", "profile_active",
                   "profile_max_windows", "profile_quiet"),
     "writer": ("flush_interval_s", "flush_rows", "queue_size", "max_buffered_bytes",
-               "max_buffered_rows", "merge_on_close"),
+               "max_buffered_rows", "merge_on_close", "spool_dir", "upload_timeout_s"),
 }
 """Every knob of :class:`RecorderConfig`, in exactly one section."""
 

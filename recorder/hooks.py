@@ -29,6 +29,23 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
+def device_of(named_params: list[tuple[str, Any]]) -> torch.device | None:
+    """The device of the model's first parameter (else CUDA when there is one)."""
+    for _, p in named_params:
+        return p.device
+    return torch.device("cuda") if torch.cuda.is_available() else None
+
+
+def remove_all(parts: list[Any]) -> None:
+    """``remove()`` each hook handle or hook owner given (None: not made); never raises."""
+    for part in parts:
+        if part is not None:
+            try:
+                part.remove()
+            except Exception:
+                pass
+
+
 def compiled(model: Any) -> bool:
     """Whether ``model`` runs through torch.compile (``torch.compile(m)`` returns a wrapper
     with ``_orig_mod``; ``m.compile()`` sets ``_compiled_call_impl`` on the module itself),

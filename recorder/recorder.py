@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 from tracealyze.format.parts import COMPACT_FANOUT
+from tracealyze.format.spool import Spool
 
 from . import clipping
 from .activations import ActivationCapture
@@ -36,7 +37,7 @@ from .coverage import Coverage
 from .dist import rank_and_world, watch_compute
 from .gradients import GradReader
 from .guard import Guard
-from .hooks import compiled, unwrap_model, wrapped_in_ddp
+from .hooks import compiled, device_of, remove_all, unwrap_model, wrapped_in_ddp
 from .interrupts import HeldInterrupts, say_gave_up
 from .lifecycle import StepLifecycle
 from .loader import TimedLoader
@@ -97,7 +98,9 @@ class Recorder:
         self._lock = threading.RLock()
         self._named_params = (list(self.model.named_parameters())
                               if self.model is not None else [])
-        self._device = self._pick_device()
+        self._device = device_of(self._named_params)
+        self._spool = Spool.of(run_dir, self.config.spool_dir, resume)  # (None: local)
+        self.run_dir = self._spool.path if self._spool is not None else self.run_dir
         self._rundir = RunDir(
             self.run_dir, rank=self.rank, world_size=self.world_size, preset=preset,
             knobs=self.config.to_json(), flush_interval_s=self.config.flush_interval_s,
@@ -153,6 +156,8 @@ class Recorder:
                 first_step=a, last_step=b))
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(True)
+        if self._spool is not None:  # object storage: uploads of what the writer flushed
+            self._spool.start(self.event, self.config.flush_interval_s, self.rank)
         self._process = ProcessHooks(self, handle_sigterm=self.config.handle_sigterm)
         if self._rundir.resumed_from is not None:
             self.event("resumed", f"run resumed at step {self._next_step}", severity="info",
@@ -171,6 +176,8 @@ class Recorder:
                 sampler.stop()
             if writer is not None:
                 writer.close()
+            if self._spool is not None:
+                self._spool.close(0.0)
             if resume:
                 self._rundir.write(self._counters(), status="crashed")
                 self._rundir.lock.release()
@@ -180,11 +187,6 @@ class Recorder:
             pass
 
     # ------------------------------------------------------------------ construction
-    def _pick_device(self) -> torch.device | None:
-        for _, p in self._named_params:
-            return p.device
-        return torch.device("cuda") if torch.cuda.is_available() else None
-
     def _install_hooks(self) -> None:
         life = self._life
         assert life is not None
@@ -275,6 +277,8 @@ class Recorder:
             except Exception as exc:
                 self._count_error("run.json", exc)
             self._rundir.lock.release()
+            if self._spool is not None:  # the last upload (the spool is kept if it fails)
+                self._spool.close(self.config.upload_timeout_s)
         if deliver:
             held.deliver(unless_exiting=True)
 
@@ -375,17 +379,11 @@ class Recorder:
 
     def _teardown_hooks(self) -> None:
         # (also after a start that failed half-way: any of these may not exist yet)
-        for h in getattr(self, "_handles", ()):
-            try:
-                h.remove()
-            except Exception:
-                pass
+        life = self._life
+        remove_all([*getattr(self, "_handles", ()), life and life.act, life and life.amp,
+                    getattr(self, "_process", None)])
         self._handles = []
         clipping.uninstall(id(self))
-        life = self._life
-        for part in (life and life.act, life and life.amp, getattr(self, "_process", None)):
-            if part is not None:
-                part.remove()
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(False)
 
@@ -398,3 +396,5 @@ class Recorder:
     def _heartbeat(self) -> None:
         """Called by the writer after each successful flush (writer thread)."""
         self._rundir.write(self._counters())
+        if self._spool is not None:
+            self._spool.wake()

@@ -3,3 +3,130 @@ root (``tests.*``, ``tools``), ``tests/recorder`` (``rec_helpers``, ``reference`
 ``benchmarks`` (the workload builders some tests share with the benchmarks) on the path, under
 ``pytest`` and ``python -m pytest`` alike. Child processes that tests start are programs of
 their own: they put the repo root on their path themselves."""
+
+# A real S3 API server (moto's server mode on 127.0.0.1, a free port) for the tests of run
+# directories in object storage, and the environment a user of an S3-compatible store sets.
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class S3Server:
+    """moto's S3 server on 127.0.0.1: ``url``, and ``stop()``/``start()`` on the same port
+    (its buckets live in this process, so they outlive a restart)."""
+
+    def __init__(self) -> None:
+        self.moto = pytest.importorskip("moto.server")
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server: object = None
+
+    def start(self) -> None:
+        self._server = self.moto.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
+                                                    verbose=False)
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+class Outage:
+    """A TCP relay in front of the S3 server whose ``cut()`` refuses new connections and
+    drops the open ones (a store that went away: a keep-alive connection to a stopped
+    HTTP server would still be served), and ``restore()`` lets them through again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.up = True
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        self.up = False
+        with self._lock:
+            for c in self._conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                c.close()
+            self._conns.clear()
+
+    def restore(self) -> None:
+        self.up = True
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self._listener.accept()
+            if not self.up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def endpoint(s3_server: S3Server) -> str:
+    return s3_server.url
+
+
+@pytest.fixture()
+def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh bucket; the environment a user of an S3-compatible store sets."""
+    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
+                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                 "TRACEALYZE_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    from pyarrow import fs
+
+    bucket = f"runs-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+    s3fs = fs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True)
+    s3fs.create_dir(bucket)
+    return bucket

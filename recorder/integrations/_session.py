@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracealyze.format.storage import is_url
+
 from ..config import RecorderConfig
 from ..recorder import Recorder
 from ..runmeta import read_json
@@ -56,11 +58,11 @@ class Session:
         if model is None:
             raise ValueError("tracealyze: the framework handed the callback no model; "
                              "nothing to record")
-        if self.run_dir is not None:
-            path = Path(self.run_dir)
+        if self.run_dir is not None:  # (a URL stays text: Path folds s3://b into s3:/b)
+            path = self.run_dir if is_url(str(self.run_dir)) else Path(self.run_dir)
         else:
             path = default_dir if resuming else free_dir(default_dir)
-        resume = resuming and (path / "run.json").exists()
+        resume = resuming and (is_url(str(path)) or (Path(path) / "run.json").exists())
         self.rec = rec = Recorder(path, model=model, optimizer=optimizer, scaler=scaler,
                                   preset=self.preset, resume=resume, **self.knobs)
         if not rec.config.enabled:

@@ -5,8 +5,6 @@ standard ``AWS_ENDPOINT_URL`` and credential variables, never a patched client."
 from __future__ import annotations
 
 import json
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,41 +15,6 @@ from tracealyze.analyzer.cli import main
 from tracealyze.format import storage
 
 from tests.runfactory import make_run
-
-moto_server = pytest.importorskip("moto.server")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-@pytest.fixture()
-def s3(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    """A fresh bucket; the environment a user of an S3-compatible store sets."""
-    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
-                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-                 "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                 "TRACEALYZE_CACHE_DIR": str(tmp_path / "cache")}.items():
-        monkeypatch.setenv(k, v)
-    from pyarrow import fs
-
-    bucket = f"runs-{tmp_path.name.lower().replace('_', '-')[-40:]}"
-    s3fs = fs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True)
-    s3fs.create_dir(bucket)
-    return bucket
 
 
 def _upload(local: Path, url: str) -> None:

@@ -1,0 +1,165 @@
+"""Recording straight to object storage (``Recorder("s3://...")``), against a real S3 API
+server (moto's server mode, the ``endpoint``/``s3`` fixtures of the root conftest): the run
+is written to a local spool and uploaded by a background thread; training never waits for
+the store."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+from tracealyze.analyzer.cli import main
+from tracealyze.format import storage
+from tracealyze.recorder import Recorder
+
+
+def _train(run_dir: str | Path, steps: int, *, pause_at: int | None = None,
+           during_pause: object = None, **knobs: object) -> list[float]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    durations = []
+    with Recorder(run_dir, model=model, optimizer=opt, flush_interval_s=0.2,
+                  system_interval_s=0, profile_start=0, **knobs) as rec:
+        for i in range(steps):
+            t = time.perf_counter()
+            if i == pause_at and callable(during_pause):
+                during_pause()
+            x = torch.randn(16, 8)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+            time.sleep(0.005)
+            durations.append(time.perf_counter() - t)
+    return durations
+
+
+def _summary(target: str) -> dict:
+    res = CliRunner().invoke(main, ["summary", target, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_a_run_recorded_to_a_bucket_reads_as_the_same_run_recorded_locally(
+        s3: str, tmp_path: Path) -> None:
+    url = f"s3://{s3}/runs/exp1"
+    spool = tmp_path / "spool"
+    _train(url, 60, spool_dir=str(spool))
+    _train(tmp_path / "local", 60)
+    remote, local = _summary(url), _summary(str(tmp_path / "local"))
+    assert remote["run"]["steps"] == local["run"]["steps"] == 60
+    assert remote["run"]["status"] == "completed"
+    assert [f["id"] for f in remote["findings"]] == [f["id"] for f in local["findings"]]
+    sql = "SELECT sum(loss) FROM steps"
+    got = [CliRunner().invoke(main, ["query", d, sql, "--format", "csv"]).output
+           for d in (url, str(tmp_path / "local"))]
+    assert got[0] == got[1]  # the same losses, bit for bit
+    assert not any(spool.iterdir())  # uploaded, then the spool is gone
+    loc = storage.locate(url)
+    parts = [f.rel for f in storage.list_run(loc) if f.rel.startswith("steps/")]
+    assert len(parts) == 1  # compacted on close, covered parts deleted from the store
+
+
+def test_the_store_down_mid_run_stalls_nothing_and_loses_nothing(
+        s3_server: object, s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store goes away for 3 s in the middle of training (connections refused and
+    dropped) and comes back: steps go on at their pace, every step reaches the store, and
+    the outage is reported."""
+    import threading
+
+    from tests.conftest import Outage
+
+    relay = Outage(s3_server.port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    url = f"s3://{s3}/runs/outage"
+
+    def outage() -> None:
+        relay.cut()
+        threading.Timer(3.0, relay.restore).start()
+
+    durations = _train(url, 700, pause_at=40, during_pause=outage,
+                       spool_dir=str(tmp_path / "spool"), upload_timeout_s=30.0)
+    assert max(durations[41:]) < 1.0  # no step waited for the store
+    assert _summary(url)["run"]["steps"] == 700
+    res = CliRunner().invoke(main, ["query", url, "SELECT max(CAST(json_extract("
+                                    "details, '$.delay_s') AS DOUBLE)) FROM events WHERE "
+                                    "kind = 'storage_delayed'", "--format", "csv"])
+    assert float(res.output.split()[-1]) >= 2.5, res.output  # the outage, reported
+
+
+def test_a_bucket_that_does_not_exist_is_refused_at_construction(s3: str) -> None:
+    with pytest.raises(ValueError, match="no such bucket"):
+        Recorder("s3://no-such-bucket-xyz/run", model=nn.Linear(2, 2))
+
+
+def test_a_url_holding_a_run_is_not_overwritten(s3: str, tmp_path: Path) -> None:
+    url = f"s3://{s3}/runs/once"
+    _train(url, 5, spool_dir=str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="already holds a run"):
+        Recorder(url, model=nn.Linear(2, 2), spool_dir=str(tmp_path / "b"))
+
+
+CHILD = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+import torch
+from torch import nn
+from tracealyze.recorder import Recorder
+model = nn.Linear(2, 2)
+rec = Recorder({url!r}, model=model, spool_dir={spool!r}, flush_interval_s=0.1,
+               system_interval_s=0, profile_start=0)
+for i in range(30):
+    rec.step(loss=float(i))
+time.sleep(0.6)  # the writer flushed every step to the spool
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_spool_left_by_kill_9_is_uploaded_by_the_cli(s3: str, tmp_path: Path) -> None:
+    """After kill -9, ``tracealyze upload SPOOL`` brings the store up to date: every step
+    once, whatever the uploader had sent before the process died."""
+    import os
+    import subprocess
+    import sys
+
+    from tracealyze.format.spool import spool_for
+
+    url = f"s3://{s3}/runs/killed"
+    root = str(Path(__file__).resolve().parents[2])
+    code = CHILD.format(root=root, url=url, spool=str(tmp_path / "spool"))
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    spool = spool_for(url, str(tmp_path / "spool"))
+    assert (spool / "steps").is_dir()
+    res = CliRunner().invoke(main, ["upload", str(spool)])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("uploaded ") and url in res.output
+    assert not spool.exists()
+    got = CliRunner().invoke(main, ["query", url, "SELECT count(*), count(DISTINCT step) "
+                                    "FROM steps", "--format", "csv"])
+    assert got.output.splitlines()[-1] == "30,30"
+
+
+def test_a_framework_callback_records_to_the_url_it_is_given(s3: str, tmp_path: Path) -> None:
+    """The callbacks' shared session keeps a URL as a URL (``Path`` would fold ``s3://b``
+    into a local folder ``s3:/b``)."""
+    from tracealyze.recorder.integrations._session import Session
+
+    url = f"s3://{s3}/runs/callback"
+    session = Session(url, "standard", {"spool_dir": str(tmp_path / "spool"),
+                                        "system_interval_s": 0, "profile_start": 0})
+    model = nn.Linear(4, 1)
+    rec = session.start(tmp_path / "unused", model=model, capture_loss=False)
+    for i in range(5):
+        rec.step(loss=float(i))
+    session.close()
+    assert not (tmp_path / "unused").exists() and not Path("s3:").exists()
+    assert _summary(url)["run"]["steps"] == 5
