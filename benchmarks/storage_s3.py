@@ -1,0 +1,175 @@
+"""Runs in object storage, measured against a local S3 API server (moto's server mode, in
+its own process, as a remote store would be):
+
+* ``overhead``: the recorder's step-time overhead recording to ``s3://`` against recording
+  to local disk, by the accepted A/B harness (``../shared/bench/overhead_ab.py``, unchanged:
+  its Recorder is pointed at the bucket), runs interleaved; median and spread of --repeats.
+  Also the bytes uploaded per step.
+* ``read``: ``summary`` of a 100,000-step run from the bucket (cold: empty cache; warm: the
+  cache from the previous command) against the same run on local disk, fresh CLI processes;
+  and the requests the server answered per ``summary``.
+
+    python benchmarks/storage_s3.py overhead --repeats 3
+    python benchmarks/storage_s3.py read --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT.parent / "shared" / "bench" / "overhead_ab.py"
+sys.path.insert(0, str(ROOT))
+
+
+class Server:
+    """moto's S3 server in a child process; counts the requests it logs."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = Path(tempfile.mkdtemp(prefix="moto-")) / "server.log"
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "bench",
+                    "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+                    "AWS_EC2_METADATA_DISABLED": "true"}
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        os.environ.update(self.env)
+        from pyarrow import fs
+
+        fs.S3FileSystem(endpoint_override=self.url, allow_bucket_creation=True).create_dir(
+            "bench")
+
+    def requests(self) -> int:
+        return sum(1 for line in self.log.read_text().splitlines()
+                   if '" 20' in line or '" 30' in line or '" 40' in line)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+REDIRECT = """
+import runpy, sys, uuid
+import tracealyze.recorder as R
+real = R.Recorder
+uploaded = []
+class ToStore(real):
+    def __init__(self, run_dir, **kw):
+        super().__init__("s3://bench/" + uuid.uuid4().hex, **kw)
+    def close(self, *a, **k):
+        super().close(*a, **k)
+        up = self._spool and self._spool.uploader
+        if up is not None:
+            print("UPLOADED", up.bytes_uploaded, self._life.next_step, file=sys.stderr)
+R.Recorder = ToStore
+sys.argv = [{harness!r}] + {args!r}
+runpy.run_path({harness!r}, run_name="__main__")
+"""
+
+
+def overhead(repeats: int) -> None:
+    server = Server()
+    args = ["standard", "--model", "mlp", "--steps", "200", "--warm", "150"]
+    got: dict[str, list[float]] = {"local": [], "s3": []}
+    per_step: list[float] = []
+    try:
+        for _ in range(repeats):
+            for where in ("local", "s3"):
+                cmd = [sys.executable, str(HARNESS), *args] if where == "local" else \
+                    [sys.executable, "-c", REDIRECT.format(harness=str(HARNESS), args=args)]
+                out = subprocess.run(cmd, cwd=ROOT, env=server.env, capture_output=True,
+                                     text=True, check=True)
+                line = json.loads(out.stdout.strip().splitlines()[-1])
+                got[where].append(100 * max(line["wall_overhead"], line["cpu_overhead"]))
+                for err in out.stderr.splitlines():
+                    if err.startswith("UPLOADED"):
+                        _, sent, steps = err.split()
+                        per_step.append(int(sent) / max(1, int(steps)))
+                print(where, f"{got[where][-1]:+.2f}%", flush=True)
+    finally:
+        server.stop()
+    for where, xs in got.items():
+        print(f"{where:6s} overhead {statistics.median(xs):+.2f}% "
+              f"({min(xs):+.2f}..{max(xs):+.2f}), {len(xs)} runs")
+    if per_step:
+        print(f"uploaded {statistics.median(per_step):,.0f} bytes per step")
+
+
+def _summary(target: str, env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "from tracealyze.analyzer.cli import main; main()",
+                    "summary", target, "--json"], env=env, check=True, capture_output=True)
+    return time.perf_counter() - t
+
+
+def read(repeats: int, steps: int) -> None:
+    from tracealyze.format import storage
+
+    from tests.runfactory import make_run
+
+    server = Server()
+    try:
+        with tempfile.TemporaryDirectory() as td:
+            run = make_run(Path(td), steps=steps, tensors=8, metrics={"acc": 0.5})
+            url = "s3://bench/runs/big"
+            loc = storage.locate(url)
+            for f in sorted(run.rglob("*")):
+                if f.is_file():
+                    storage.write_bytes(loc, f.relative_to(run).as_posix(), f.read_bytes())
+            size = sum(f.stat().st_size for f in run.rglob("*") if f.is_file())
+            files = len(storage.list_run(loc))
+            cache = Path(td) / "cache"
+            env = {**server.env, "TRACEALYZE_CACHE_DIR": str(cache)}
+            local, cold, warm, reqs = [], [], [], []
+            for _ in range(repeats):
+                local.append(_summary(str(run), env))
+                shutil.rmtree(cache, ignore_errors=True)
+                before = server.requests()
+                cold.append(_summary(url, env))
+                reqs.append(server.requests() - before)
+                warm.append(_summary(url, env))
+    finally:
+        server.stop()
+
+    def fmt(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} s ({min(xs):.2f}-{max(xs):.2f})"
+    base = statistics.median(local)
+    print(f"{steps:,}-step run, {size / 2**20:.1f} MiB in {files} files")
+    print(f"summary local      {fmt(local)}")
+    print(f"summary s3 (cold)  {fmt(cold)}  ratio {statistics.median(cold) / base:.2f}x, "
+          f"{statistics.median(reqs):.0f} requests")
+    print(f"summary s3 (warm)  {fmt(warm)}  ratio {statistics.median(warm) / base:.2f}x")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["overhead", "read"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=100_000, help="read: steps of the run")
+    a = ap.parse_args()
+    overhead(a.repeats) if a.what == "overhead" else read(a.repeats, a.steps)
+
+
+if __name__ == "__main__":
+    main()
