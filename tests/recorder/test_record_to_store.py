@@ -163,3 +163,77 @@ def test_a_framework_callback_records_to_the_url_it_is_given(s3: str, tmp_path: 
     session.close()
     assert not (tmp_path / "unused").exists() and not Path("s3:").exists()
     assert _summary(url)["run"]["steps"] == 5
+
+
+STEPS = """
+import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from torch import nn
+from tracealyze.recorder import Recorder
+rec = Recorder({url!r}, model=nn.Linear(2, 2), spool_dir={spool!r}, flush_interval_s=0.1,
+               system_interval_s=0, profile_start=0, resume={resume!r})
+first = rec.current_step
+for i in range({steps}):
+    rec.step(loss=float(first + i))
+if {kill!r}:
+    time.sleep(0.6)
+    os.kill(os.getpid(), signal.SIGKILL)
+rec.close()
+"""
+
+
+def _child(url: str, spool: Path, steps: int, *, resume: bool = False, kill: bool = False,
+           rank: int | None = None) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    if rank is not None:
+        env.update(RANK=str(rank), WORLD_SIZE="2")
+    code = STEPS.format(root=str(Path(__file__).resolve().parents[2]), url=url,
+                        spool=str(spool), steps=steps, resume=resume, kill=kill)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=120,
+                          capture_output=True, text=True)
+    assert proc.returncode == (-9 if kill else 0), proc.stderr
+
+
+def _steps(url: str) -> str:
+    res = CliRunner().invoke(main, ["query", url, "SELECT rank, count(*), count(DISTINCT step),"
+                                    " min(step), max(step), sum(loss = step) FROM steps "
+                                    "GROUP BY rank ORDER BY rank", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    return "\n".join(res.output.splitlines()[1:])
+
+
+@pytest.mark.parametrize("same_node", [True, False])
+def test_a_run_killed_mid_upload_resumes_with_no_step_lost_or_counted_twice(
+        s3: str, tmp_path: Path, same_node: bool) -> None:
+    """kill -9, then ``Recorder(url, resume=True)``: on the same node (the spool is still
+    there) or on a new one (an empty spool: the run comes back from the store)."""
+    url = f"s3://{s3}/runs/resumed-{same_node}"
+    _child(url, tmp_path / "spool", 25, kill=True)
+    if not same_node:  # what the dead node had uploaded is all there is
+        from tracealyze.format.spool import spool_for, upload_spool
+
+        upload_spool(spool_for(url, str(tmp_path / "spool")), 60)
+    spool = tmp_path / ("spool" if same_node else "fresh-node")
+    _child(url, spool, 15, resume=True)
+    assert _steps(url) == "0,40,40,0,39,40"  # every step once, numbering continued
+    assert _summary(url)["run"]["status"] == "completed"
+
+
+def test_two_ranks_record_one_run_to_the_store(s3: str, tmp_path: Path) -> None:
+    """Two ranks of one job on one node share the spool; each uploads its own files."""
+    import threading
+
+    url = f"s3://{s3}/runs/ddp"
+    threads = [threading.Thread(target=_child, args=(url, tmp_path / "spool", 30),
+                                kwargs={"rank": r}) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _steps(url) == "0,30,30,0,29,30\n1,30,30,0,29,30"
+    assert _summary(url)["run"]["ranks"] == [0, 1]
+    assert not (tmp_path / "spool").exists() or not any((tmp_path / "spool").rglob("*.parquet"))
