@@ -134,13 +134,13 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> 
       tracealyze query runs/lr-* "SELECT run_id, median(duration_s), min(loss)
           FROM steps GROUP BY run_id ORDER BY 3"
     """
-    if len(run_dirs) == 1:
+    one = len(run_dirs) == 1 and not any(ch in str(run_dirs[0]) for ch in "*?[")
+    if one:
         from .run.catalog import open_run as opener
-    else:
+    else:  # (several runs, or a URL pattern naming runs)
         from .run.multirun import open_runs as opener  # type: ignore[assignment]
 
-    with opener(run_dirs[0] if len(run_dirs) == 1 else run_dirs,
-                allow_files=allow_files) as runs:
+    with opener(run_dirs[0] if one else run_dirs, allow_files=allow_files) as runs:
         for why in getattr(runs, "skipped", ()):
             click.echo(f"warning: skipped {why}", err=True)
         cols, rows = runs.query(sql)

@@ -174,3 +174,31 @@ def local_files(folder: Any) -> dict[str, tuple[int, int]]:
             if not os.path.islink(path):
                 out[rel] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def expand(pattern: str) -> list[str]:
+    """The run URLs a wildcard URL names (``s3://bucket/sweep/lr-*``): every prefix that
+    matches ``pattern`` segment by segment (``*``, ``?``, ``[...]``; never across ``/``)
+    and holds a ``run.json``, sorted. One recursive listing from the last segment without a
+    wildcard. A pattern without wildcards is returned as it is."""
+    import fnmatch
+
+    from pyarrow import fs as pafs
+
+    if not any(ch in pattern for ch in "*?["):
+        return [pattern]
+    scheme, rest = pattern.split("://", 1)
+    segs = rest.rstrip("/").split("/")
+    fixed = next(i for i, seg in enumerate(segs) if any(ch in seg for ch in "*?["))
+    if fixed == 0:
+        raise ValueError(f"a wildcard in the bucket of {pattern!r}")
+    loc = locate(f"{scheme}://{'/'.join(segs[:fixed])}")
+    want = segs[fixed:]
+    found = set()
+    for info in loc.fs.get_file_info(pafs.FileSelector(loc.root, recursive=True,
+                                                       allow_not_found=True)):
+        rel = info.path[len(loc.root) + 1:].split("/")
+        if rel[-1] == "run.json" and len(rel) == len(want) + 1 and all(
+                fnmatch.fnmatchcase(a, b) for a, b in zip(rel[:-1], want, strict=True)):
+            found.add(f"{loc.url}/{'/'.join(rel[:-1])}")
+    return sorted(found)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tracealyze.format.storage import is_url
+from tracealyze.format.storage import expand, is_url
 
 from ..errors import RunDirError
 from ..sql.safe import execute_one, literal, lock
@@ -56,6 +56,12 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
     that cannot be opened."""
     if not paths:
         raise RunDirError("no run directory given")
+    try:  # s3://bucket/sweep/lr-*: every run the pattern names (a shell cannot glob a URL)
+        paths = [u for p in paths for u in (expand(str(p)) if is_url(str(p)) else [p])]
+    except (ValueError, OSError) as e:
+        raise RunDirError(f"cannot list {' '.join(str(e).split())[:300]}") from None
+    if not paths:
+        raise RunDirError("the URL pattern names no run (no run.json under it)")
     # a run in object storage is read from its local mirror, and named by its URL
     shown = {mirror(str(p)): str(p) for p in paths if is_url(str(p))}
     paths = [next((m for m, u in shown.items() if u == str(p)), p) for p in paths]

@@ -60,6 +60,15 @@ def test_summary_report_and_query_of_a_run_in_a_bucket(s3: str, tmp_path: Path) 
                                     "ORDER BY 2", "--format", "csv"])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[1:] == [f"s3://{s3}/team/runs/exp2,30", f"{url},120"]
+    # a pattern (no shell can glob a URL): every run under it, a non-run prefix left out
+    _upload(other, f"s3://{s3}/team/other/exp3")
+    res = CliRunner().invoke(main, ["query", f"s3://{s3}/team/runs/exp*",
+                                    "SELECT run_path, count(*) FROM steps GROUP BY ALL "
+                                    "ORDER BY 2", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[1:] == [f"s3://{s3}/team/runs/exp2,30", f"{url},120"]
+    res = CliRunner().invoke(main, ["query", f"s3://{s3}/nothing/*", "SELECT 1"])
+    assert res.exit_code == 2 and "names no run" in res.output
 
 
 def test_a_second_command_fetches_only_what_changed(s3: str, tmp_path: Path,
