@@ -122,6 +122,12 @@ class Uploader:
                 delete(self.loc, rel)
                 del self.uploaded[rel]
 
+    def backlog_bytes(self) -> int:
+        """Bytes of this rank's files in the spool not uploaded in their current state."""
+        done = dict(self.uploaded)
+        return sum(st[0] for rel, st in local_files(self.spool).items()
+                   if self._mine(rel) and done.get(rel) != st)
+
     def _mine(self, rel: str) -> bool:
         if self.rank is None:
             return True
@@ -228,16 +234,23 @@ class Spool:
         """The spool of a URL ``run_dir``; None for a local path."""
         return cls(str(run_dir), spool_dir, resume) if is_url(str(run_dir)) else None
 
-    def start(self, event: Callable[..., None], interval_s: float, rank: int) -> None:
-        """Start uploading; ``event`` is the Recorder's (``event(kind, message,
-        severity=..., **details)``)."""
+    def start(self, event: Callable[..., None], config: Any, rank: int, writer: Any) -> None:
+        """Start uploading ``rank``'s files after each of ``writer``'s flushes, and hold the
+        writer's new parts back while the uploads are behind by ``config.max_spool_bytes``;
+        ``event`` is the Recorder's (``event(kind, message, severity=..., **details)``)."""
         self.uploader = Uploader(
-            self.path, self.loc, interval_s=interval_s, rank=rank,
+            self.path, self.loc, interval_s=config.flush_interval_s, rank=rank,
             on_event=lambda kind, msg, sev, details: event(kind, msg, severity=sev, **details))
+        writer.room = lambda: self.room(config.max_spool_bytes)
 
     def wake(self) -> None:
         if self.uploader is not None:
             self.uploader.wake()
+
+    def room(self, max_bytes: int) -> bool:
+        """Whether the writer may add a part: the uploads are behind by less than
+        ``max_bytes`` (a store down for long must not fill the node's disk)."""
+        return self.uploader is None or self.uploader.backlog_bytes() < max_bytes
 
     def close(self, timeout_s: float = 60.0) -> None:
         """The final upload; this rank's files leave the spool once the store has them all

@@ -89,6 +89,10 @@ class RecorderConfig:
     spool_dir: str | None = None
     """Recording to a URL (``s3://``, ``gs://``, ``az://``): the local folder parts are
     written to before they are uploaded (default: the system temporary directory)."""
+    max_spool_bytes: int = 1 << 30
+    """Recording to a URL: how far the uploads may fall behind (bytes written to the spool
+    and not uploaded) before the writer stops adding parts; rows then wait in memory up to
+    ``max_buffered_bytes`` and the oldest are dropped, counted as ``dropped_data``."""
     upload_timeout_s: float = 60.0
     """Recording to a URL: how long ``close()`` retries the last upload before it gives up,
     keeping the spool for ``tracealyze upload``."""
@@ -141,9 +145,9 @@ class RecorderConfig:
         if self.flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be > 0")
         if min(self.queue_size, self.flush_rows, self.stats_chunk_elems,
-               self.max_buffered_bytes, self.max_buffered_rows) < 1:
-            raise ValueError("queue_size, flush_rows, stats_chunk_elems, max_buffered_bytes "
-                             "and max_buffered_rows must be >= 1")
+               self.max_buffered_bytes, self.max_buffered_rows, self.max_spool_bytes) < 1:
+            raise ValueError("queue_size, flush_rows, stats_chunk_elems, max_buffered_bytes, "
+                             "max_buffered_rows and max_spool_bytes must be >= 1")
         if self.profile_active < 1 and (self.profile_every or self.profile_start):
             raise ValueError("profile_active must be >= 1 when profiling is on")
         if self.grad_norm_budget > 1:
@@ -269,7 +273,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "profiling": ("profile_every", "profile_start", "profile_warmup", "profile_active",
                   "profile_max_windows", "profile_quiet"),
     "writer": ("flush_interval_s", "flush_rows", "queue_size", "max_buffered_bytes",
-               "max_buffered_rows", "merge_on_close", "spool_dir", "upload_timeout_s"),
+               "max_buffered_rows", "merge_on_close", "spool_dir", "max_spool_bytes",
+               "upload_timeout_s"),
 }
 """Every knob of :class:`RecorderConfig`, in exactly one section."""
 

@@ -157,7 +157,7 @@ class Recorder:
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(True)
         if self._spool is not None:  # object storage: uploads of what the writer flushed
-            self._spool.start(self.event, self.config.flush_interval_s, self.rank)
+            self._spool.start(self.event, self.config, self.rank, self._writer)
         self._process = ProcessHooks(self, handle_sigterm=self.config.handle_sigterm)
         if self._rundir.resumed_from is not None:
             self.event("resumed", f"run resumed at step {self._next_step}", severity="info",

@@ -123,6 +123,7 @@ class Writer:
         self._meta_seen = False
         self._dir_ident = _dir_ident(run_dir)  # (device, inode): a new one = recreated
         self.on_flush = on_flush
+        self.room: Callable[[], bool] | None = None  # False: the spool's uploads are stuck
         # A deque, not queue.Queue: append/popleft are atomic under the GIL, so submit()
         # takes no lock. (A SIGTERM handler that closes the recorder can then never deadlock
         # on a queue mutex the interrupted training thread was holding.)
@@ -369,6 +370,8 @@ class Writer:
                    lost_parts=lost, reason="run_dir_deleted")
 
     def _write_part(self, table_name: str, table: pa.Table) -> None:
+        if self.room is not None and not self.room():  # (rows wait, then drop: counted)
+            raise OSError("the uploads of the spool are behind by max_spool_bytes")
         d = rank_dir(self.run_dir, table_name, self.rank)
         d.mkdir(parents=True, exist_ok=True)  # also recreates a deleted run directory
         write_parquet_atomic(table, d / part_name(self._seq))

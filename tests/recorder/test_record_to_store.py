@@ -237,3 +237,51 @@ def test_two_ranks_record_one_run_to_the_store(s3: str, tmp_path: Path) -> None:
     assert _steps(url) == "0,30,30,0,29,30\n1,30,30,0,29,30"
     assert _summary(url)["run"]["ranks"] == [0, 1]
     assert not (tmp_path / "spool").exists() or not any((tmp_path / "spool").rglob("*.parquet"))
+
+
+def test_a_store_down_for_long_bounds_the_spool_and_counts_what_it_drops(
+        s3_server: object, s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uploads stuck behind ``max_spool_bytes``: the writer stops adding parts, rows wait in
+    memory up to ``max_buffered_bytes``, the oldest are dropped and counted; the node's disk
+    does not fill; what was kept reaches the store once it is back."""
+    from tracealyze.format.spool import spool_for
+    from tracealyze.format.storage import local_files
+
+    from tests.conftest import Outage
+
+    relay = Outage(s3_server.port)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    url = f"s3://{s3}/runs/full"
+    spool = spool_for(url, str(tmp_path / "spool"))
+    seen: list[int] = []
+
+    def during() -> None:
+        relay.cut()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(8)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(url, model=model, optimizer=opt, spool_dir=str(tmp_path / "spool"),
+                  flush_interval_s=0.05,
+                  system_interval_s=0, profile_start=0, max_spool_bytes=60_000,
+                  max_buffered_bytes=40_000, merge_on_close=False,
+                  upload_timeout_s=30.0) as rec:
+        for i in range(400):
+            if i == 5:
+                time.sleep(0.5)  # the first parts are uploaded
+                during()
+            loss = model(torch.randn(8, 32)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+            time.sleep(0.002)
+            if i % 50 == 0:
+                seen.append(sum(st[0] for st in local_files(spool).values()))
+        relay.restore()
+    # the spool stopped growing at the bound (plus what was uploaded before the cut and the
+    # part that crossed it), while training went on
+    assert seen[-1] == seen[-2] and max(seen) < 60_000 + 30_000, seen
+    out = _summary(url)
+    assert 0 < out["run"]["steps"] < 400
+    assert "dropped_data" in [f["id"] for f in out["findings"]]
