@@ -56,8 +56,7 @@ def _edge(fn: F) -> F:
 
 
 class _RunLocation(click.ParamType):
-    """A run directory: a local path, or a URL (``s3://``, ``gs://``, ``az://``, ``file://``)
-    kept as text (``Path`` folds ``s3://b`` into ``s3:/b``); open_run checks it exists."""
+    """A run directory: a path, or a URL kept as text (``Path`` folds ``s3://b`` to ``s3:/b``)."""
 
     name = "RUN_DIR"
 
@@ -258,8 +257,6 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
       tracealyze import-trace prof/worker0.pt.trace.json.gz runs/exp1
       tracealyze import-trace prof/ runs/exp1        # every rank's trace in prof/
     """
-    if isinstance(run_dir, str):  # a URL (_RunLocation)
-        raise BadInput(f"import-trace writes into a local run directory, not {run_dir}")
     try:
         from .ingest.importer import import_traces
         from .ingest.stream import Limits
@@ -276,9 +273,14 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
                        f"{getattr(info, 'events', 0):,} events, "
                        f"{time.monotonic() - started:.1f} s)", err=True)
 
+    from .run.remote import into_store  # (a URL: imported into its mirror, then uploaded)
+
     skipped: list[Path] = []
-    results = import_traces(list(traces), run_dir, keep_raw=keep_raw, limits=limits,
-                            jobs=jobs, progress=progress, skipped=skipped)
+
+    def into(target: Path) -> list[dict[str, Any]]:
+        return import_traces(list(traces), target, keep_raw=keep_raw, limits=limits,
+                             jobs=jobs, progress=progress, skipped=skipped)
+    results = into_store(run_dir, into) if isinstance(run_dir, str) else into(run_dir)
     for path in skipped:
         click.echo(f"warning: skipped {path}: not a profiler trace (no traceEvents)", err=True)
     for info in results:
@@ -297,15 +299,14 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
               help="Seconds to keep retrying a store that refuses.")
 @_edge
 def upload(spool: Path, timeout: float) -> None:
-    """Upload the spool of a run recorded to object storage whose process died before its
-    last upload (kill -9, node drained); the spool names its URL. Then deletes the spool.
+    """Upload (then delete) the spool of a run recorded to a URL whose process died before
+    its last upload; the spool names its URL.
 
     \b
     Example:
       tracealyze upload /tmp/tracealyze-spool/5f0c2a...
     """
     from tracealyze.format.spool import remove_spool, upload_spool
-
     try:
         url, sent = upload_spool(spool, timeout)
     except ValueError as e:

@@ -18,15 +18,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
-from tracealyze.format.storage import Location, StoredFile, list_run, locate, read_bytes
+from tracealyze.format.spool import Uploader
+from tracealyze.format.storage import (
+    Location,
+    StoredFile,
+    list_run,
+    local_files,
+    locate,
+    read_bytes,
+)
 
 from ..errors import RunDirError, one_line
 
 MANIFEST = ".tracealyze-mirror.json"
 """In each mirror: the URL and, per file, the (size, mtime) it was fetched at."""
+T = TypeVar("T")
 FETCH_THREADS = 8
 """Objects fetched at once: requests to a store are latency-bound, not CPU-bound."""
 
@@ -49,7 +60,7 @@ def mirror(url: str, root: Path | None = None) -> Path:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
     if not any(f.rel == "run.json" for f in files):
         raise RunDirError(f"not a run directory (no run.json): {url}")
-    dest = (root or cache_root()) / hashlib.sha256(loc.url.encode()).hexdigest()[:24]
+    dest = _folder(loc.url, root)
     try:
         dest.mkdir(parents=True, exist_ok=True)
         old = _manifest(dest)
@@ -63,6 +74,30 @@ def mirror(url: str, root: Path | None = None) -> Path:
     except OSError as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
     return dest
+
+
+def into_store(url: str, write: Callable[[Path], T]) -> T:
+    """``write(folder)`` on the run at ``url`` (``import-trace`` into a URL): on its local
+    mirror (an empty one when the prefix holds no run yet), then every file it added or
+    changed is uploaded, run.json last (format.spool: the same order as the recorder)."""
+    try:
+        loc = locate(url)
+        has_run = any(f.rel == "run.json" for f in list_run(loc))
+    except (ValueError, OSError) as e:
+        raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
+    dest = mirror(url) if has_run else _folder(loc.url)
+    dest.mkdir(parents=True, exist_ok=True)
+    before = local_files(dest)
+    result = write(dest)
+    up = Uploader(dest, loc, interval_s=3600.0)
+    up.uploaded = dict(before)  # (what the store has already)
+    if not up.close(60.0):
+        raise RunDirError(f"imported into {dest}, but could not upload it to {url}")
+    return result
+
+
+def _folder(url: str, root: Path | None = None) -> Path:
+    return (root or cache_root()) / hashlib.sha256(url.encode()).hexdigest()[:24]
 
 
 def _manifest(dest: Path) -> dict[str, list[int | None]]:

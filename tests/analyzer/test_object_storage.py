@@ -154,3 +154,24 @@ def test_a_run_file_name_never_climbs_or_leaves_the_format(segs: list[str]) -> N
     assert ".." not in parts and "." not in parts and "" not in parts and "\\" not in rel
     base = Path("/mirror")
     assert (base / rel).resolve().is_relative_to(base)
+
+
+def test_import_trace_into_a_url(s3: str, tmp_path: Path) -> None:
+    """A profiler trace imported into a run in a bucket (and into a prefix with no run yet)
+    lands there as trace_events parts; what was already there is not uploaded again."""
+    trace = Path(__file__).resolve().parents[1] / "data" / "traces" / \
+        "gpu_alexnet_cuda_sync.json.gz"
+    local = make_run(tmp_path, steps=20, seed=3)
+    url = f"s3://{s3}/with-run"
+    _upload(local, url)
+    loc = storage.locate(url)
+    before = {f.rel: f.mtime_ns for f in storage.list_run(loc)}
+    for target in (url, f"s3://{s3}/new-run"):
+        res = CliRunner().invoke(main, ["import-trace", str(trace), target, "-q"])
+        assert res.exit_code == 0, res.output
+        q = CliRunner().invoke(main, ["query", target, "SELECT count(*) FROM trace_events",
+                                      "--format", "csv"])
+        assert int(q.output.splitlines()[-1]) > 100, q.output
+    after = {f.rel: f.mtime_ns for f in storage.list_run(loc)}
+    assert all(after[rel] == t for rel, t in before.items() if rel != "run.json")
+    assert any(rel.startswith("trace_events/") for rel in after)
