@@ -339,15 +339,12 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
     """
     from . import record as rec
 
-    if isinstance(run_dir, str):  # a URL (_RunLocation)
-        raise BadInput("record --run-dir takes a local directory for now; record to a bucket "
-                       "from the script (Recorder(url) or a callback's run_dir)")
     knobs = rec.parse_set(sets)
     rec.check_knobs(preset, knobs)
     rec.check_command(command)
     target = run_dir if run_dir is not None else rec.default_run_dir(command)
     code = rec.record(command, run_dir=target, preset=preset, knobs=knobs)
-    recorded = (target / "run.json").exists()
+    recorded = rec.recorded_in(target)
     click.echo(f"tracealyze: {'recorded ' + str(target) if recorded else 'nothing recorded'}"
                f" (exit code {code})" + ("" if recorded else
                                          ": no optimizer stepped in the command, or the "

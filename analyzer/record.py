@@ -97,17 +97,20 @@ SI_KERNEL = 0x80
 goes to the whole foreground process group."""
 
 
-def record(command: Sequence[str], *, run_dir: Path, preset: str = "standard",
+def record(command: Sequence[str], *, run_dir: Path | str, preset: str = "standard",
            knobs: dict[str, Any] | None = None) -> int:
-    """Run ``command`` recorded into ``run_dir``; returns its exit code (128 + N when a
-    signal N ended it, as a shell reports it)."""
+    """Run ``command`` recorded into ``run_dir`` (a local directory, or a URL: the
+    recorder in the command writes it through its spool); returns its exit code (128 + N
+    when a signal N ended it, as a shell reports it)."""
     check_command(command)
-    created = prepare_run_dir(run_dir)
+    url = run_dir if isinstance(run_dir, str) else None
+    created = check_store(url) if url is not None else prepare_run_dir(Path(run_dir))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(boot_dir()), *filter(None, [env.get("PYTHONPATH")])])
     env["TRACEALYZE_RECORD"] = json.dumps(
-        {"run_dir": str(run_dir.resolve()), "preset": preset, "knobs": knobs or {}})
+        {"run_dir": url or str(Path(run_dir).resolve()), "preset": preset,
+         "knobs": knobs or {}})
     targets: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:  # only until the signals are waited for
@@ -136,10 +139,53 @@ def record(command: Sequence[str], *, run_dir: Path, preset: str = "standard",
         for s, h in previous.items():
             signal.signal(s, h)
     code = 128 - code if code < 0 else code
-    mark_exit(run_dir, code)
-    if not (run_dir / "run.json").exists():
+    if url is not None:
+        mark_exit_in_store(url, code)
+        return code
+    mark_exit(Path(run_dir), code)
+    if not (Path(run_dir) / "run.json").exists():
         take_back(created)
     return code
+
+
+def check_store(url: str) -> list[Path]:
+    """One clear error, before the command starts, for a URL that cannot take the run."""
+    from tracealyze.format.storage import list_run, locate
+
+    try:
+        stored = list_run(locate(url))
+    except (ValueError, OSError) as e:
+        raise TracealyzeError(f"cannot record to {url}: {' '.join(str(e).split())[:300]}"
+                              ) from None
+    if any(f.rel == "run.json" for f in stored):
+        raise TracealyzeError(f"{url} already holds a run; choose another URL")
+    return []
+
+
+def recorded_in(run_dir: Path | str) -> bool:
+    """Whether the command's recorder made a run there."""
+    if not isinstance(run_dir, str):
+        return (run_dir / "run.json").exists()
+    from tracealyze.format.storage import list_run, locate
+
+    try:
+        return any(f.rel == "run.json" for f in list_run(locate(run_dir)))
+    except (ValueError, OSError):
+        return False
+
+
+def mark_exit_in_store(url: str, code: int) -> None:
+    """:func:`mark_exit` for a run in a store: its run.json read, changed, written back."""
+    from tracealyze.format.storage import locate, read_bytes, write_bytes
+
+    try:
+        loc = locate(url)
+        meta = json.loads(read_bytes(loc, "run.json"))
+    except (ValueError, OSError):
+        return  # (nothing recorded, or the store is away: the run keeps its own status)
+    if isinstance(meta, dict):
+        _exit_status(meta, code)
+        write_bytes(loc, "run.json", json.dumps(meta, indent=1).encode())
 
 
 def _send(pids: Sequence[int], signum: int) -> None:
@@ -231,10 +277,14 @@ def mark_exit(run_dir: Path, code: int) -> None:
     meta = read_json(path) if path.exists() else None
     if meta is None:
         return
+    _exit_status(meta, code)
+    write_json_atomic(path, meta)
+
+
+def _exit_status(meta: dict[str, Any], code: int) -> None:
     meta["exit_code"] = code
     if code != 0 and meta.get("status") in ("completed", "running"):
         meta["status"] = "crashed"
-    write_json_atomic(path, meta)
 
 
 def check_knobs(preset: str, knobs: dict[str, Any]) -> None:

@@ -295,3 +295,46 @@ def test_a_store_down_for_long_bounds_the_spool_and_counts_what_it_drops(
     out = _summary(url)
     assert 0 < out["run"]["steps"] < 400
     assert "dropped_data" in [f["id"] for f in out["findings"]]
+
+
+PLAIN = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+for _ in range(12):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+raise SystemExit(3)
+"""
+
+
+def test_record_cli_records_an_unmodified_script_to_a_url(s3: str, tmp_path: Path) -> None:
+    """``tracealyze record --run-dir s3://...``: no code change, the run lands in the bucket
+    with the command's exit code; a URL that holds a run already is refused before the
+    command starts."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN)
+    url = f"s3://{s3}/runs/cli"
+    cli = [sys.executable, "-c", "from tracealyze.analyzer.cli import main; main()"]
+    env = dict(os.environ)
+    run = [*cli, "record", "--run-dir", url, "--set", "system_interval_s=0", "--set",
+           f"spool_dir={tmp_path / 'spool'}", "--", sys.executable, str(script)]
+    out = subprocess.run(run, capture_output=True, text=True, timeout=240, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 3, out.stderr
+    assert f"recorded {url}" in out.stderr
+    assert _summary(url)["run"]["steps"] == 12
+    meta = json.loads(storage.read_bytes(storage.locate(url), "run.json"))
+    assert meta["exit_code"] == 3 and meta["status"] == "crashed"  # as record marks a local run
+    again = subprocess.run(run, capture_output=True, text=True, timeout=240, env=env,
+                           cwd=tmp_path)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    assert not Path(tmp_path / "s3:").exists()
