@@ -99,6 +99,10 @@ class RecorderConfig:
     stats_chunk_elems: int = 1 << 24
     """Largest number of elements concatenated at once for full statistics (bounds the
     temporary memory those steps need)."""
+    tune_malloc: bool = True
+    """CPU training on glibc: fix malloc's trim and mmap thresholds (32/64 MiB) so that the
+    recorder's own allocations cannot tip the heap into trimming and re-faulting memory on
+    every step (recorder/heap.py). False leaves malloc alone."""
     handle_sigterm: bool = True
     """Close the run (status crashed, data flushed) on SIGTERM, then let the signal proceed."""
 
@@ -107,7 +111,7 @@ class RecorderConfig:
     # is a frozen view of its knobs (SECTIONS says which).
     @property
     def general(self) -> Any:
-        """enabled, anomaly_mode, handle_sigterm."""
+        """enabled, anomaly_mode, handle_sigterm, tune_malloc."""
         return self._section("general")
 
     @property
@@ -264,7 +268,7 @@ def unwrap_optimizer(optimizer: Any) -> Any:
 
 
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "general": ("enabled", "anomaly_mode", "handle_sigterm"),
+    "general": ("enabled", "anomaly_mode", "handle_sigterm", "tune_malloc"),
     "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",
               "tensor_stats_every", "param_stats_every", "update_ratio_every",
               "stats_chunk_elems"),

@@ -109,7 +109,8 @@ def _close(ref: weakref.ref[Any]) -> None:
 def _inert(ref: weakref.ref[Any]) -> None:
     r = ref()
     if r is not None:
-        r._closed = True
+        if getattr(r, "_life", None) is not None:  # the child's copy of the open run: inert
+            r._life.closed = True
         lock = getattr(getattr(r, "_rundir", None), "lock", None)
         if lock is not None:  # the child's copy of the descriptor, not the parent's lock
             lock.release(remove=False)

@@ -37,6 +37,7 @@ from .coverage import Coverage
 from .dist import rank_and_world, watch_compute
 from .gradients import GradReader
 from .guard import Guard
+from .heap import tune_for
 from .hooks import compiled, device_of, remove_all, unwrap_model, wrapped_in_ddp
 from .interrupts import HeldInterrupts, say_gave_up
 from .lifecycle import StepLifecycle
@@ -154,6 +155,7 @@ class Recorder:
             on_window=lambda a, b: self.event(
                 "profiler_window", f"profiler window over steps {a}-{b}", severity="info",
                 first_step=a, last_step=b))
+        tune_for(self._device, self.config.tune_malloc, self.event)  # (CPU, glibc: heap.py)
         if self.config.anomaly_mode:
             torch.autograd.set_detect_anomaly(True)
         if self._spool is not None:  # object storage: uploads of what the writer flushed
@@ -341,11 +343,6 @@ class Recorder:
     @property
     def _closed(self) -> bool:
         return self._life is None or self._life.closed
-
-    @_closed.setter
-    def _closed(self, closed: bool) -> None:  # (a forked child's copy: process_hooks)
-        if self._life is not None:
-            self._life.closed = closed
 
     # ------------------------------------------------------------------ internals
     @property
