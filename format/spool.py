@@ -179,10 +179,10 @@ class Uploader:
     def close(self, timeout_s: float = 60.0) -> bool:
         """Stop the thread and upload the rest, retrying until ``timeout_s``. False when the
         store could not be brought up to date (the spool is kept and named on stderr)."""
+        deadline = time.monotonic() + timeout_s  # (the thread's own sync included)
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=timeout_s)
-        deadline = time.monotonic() + timeout_s
         delay = 0.5
         while True:
             try:
