@@ -150,14 +150,14 @@ def record(command: Sequence[str], *, run_dir: Path | str, preset: str = "standa
 
 def check_store(url: str) -> list[Path]:
     """One clear error, before the command starts, for a URL that cannot take the run."""
-    from tracealyze.format.storage import list_run, locate
+    from tracealyze.format.storage import has_run, list_run, locate
 
     try:
         stored = list_run(locate(url))
     except (ValueError, OSError) as e:
         raise TracealyzeError(f"cannot record to {url}: {' '.join(str(e).split())[:300]}"
                               ) from None
-    if any(f.rel == "run.json" for f in stored):
+    if has_run(stored):
         raise TracealyzeError(f"{url} already holds a run; choose another URL")
     return []
 
@@ -166,10 +166,10 @@ def recorded_in(run_dir: Path | str) -> bool:
     """Whether the command's recorder made a run there."""
     if not isinstance(run_dir, str):
         return (run_dir / "run.json").exists()
-    from tracealyze.format.storage import list_run, locate
+    from tracealyze.format.storage import has_run, list_run, locate
 
     try:
-        return any(f.rel == "run.json" for f in list_run(locate(run_dir)))
+        return has_run(list_run(locate(run_dir)))
     except (ValueError, OSError):
         return False
 

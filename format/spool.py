@@ -33,11 +33,12 @@ from typing import Any
 from .storage import (
     Location,
     delete,
+    fetch,
+    has_run,
     is_url,
     list_run,
     local_files,
     locate,
-    read_bytes,
     run_file,
     write_bytes,
 )
@@ -63,17 +64,14 @@ def open_store(url: str, resume: bool, spool: Path) -> Location:
         stored = list_run(loc)
     except (ValueError, OSError) as e:
         raise ValueError(f"cannot record to {url}: {' '.join(str(e).split())[:300]}") from None
-    if any(f.rel == "run.json" for f in stored) and not resume \
-            and not (spool / "run.json").exists():
+    if has_run(stored) and not resume and not (spool / "run.json").exists():
         raise ValueError(f"{url} already holds a run; pass resume=True to continue it, or "
                          "choose another URL")
     spool.mkdir(parents=True, exist_ok=True)
     (spool / SPOOL_NOTE).write_text(json.dumps({"url": loc.url}))
     if resume and not (spool / "run.json").exists():
         for f in stored:  # (a new node: the run so far, to continue its numbering)
-            target = spool / f.rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(read_bytes(loc, f.rel))
+            fetch(loc, f, spool)
     return loc
 
 

@@ -130,6 +130,25 @@ def list_run(loc: Location) -> list[StoredFile]:
     return sorted(out, key=lambda f: f.rel)
 
 
+def has_run(files: list[StoredFile]) -> bool:
+    """Whether a listing (:func:`list_run`) holds a run: its run.json."""
+    return any(f.rel == "run.json" for f in files)
+
+
+def fetch(loc: Location, f: StoredFile, dest: Any) -> None:
+    """Object ``f`` into the local folder ``dest`` (a run directory), through a temporary
+    name: a reader of ``dest`` never sees half a file. ``f.rel`` is a checked run-file name
+    (:func:`run_file`: no ``..``, no absolute part), so the file stays under ``dest``."""
+    import os
+    from pathlib import Path
+
+    target = Path(dest) / f.rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(read_bytes(loc, f.rel))
+    os.replace(tmp, target)
+
+
 def read_bytes(loc: Location, rel: str) -> bytes:
     """The whole object ``rel`` under ``loc``."""
     with loc.fs.open_input_stream(loc.path(rel)) as f:

@@ -25,12 +25,11 @@ from typing import TypeVar
 
 from tracealyze.format.spool import Uploader
 from tracealyze.format.storage import (
-    Location,
-    StoredFile,
+    fetch,
+    has_run,
     list_run,
     local_files,
     locate,
-    read_bytes,
 )
 
 from ..errors import RunDirError, one_line
@@ -58,7 +57,7 @@ def mirror(url: str, root: Path | None = None) -> Path:
         files = list_run(loc)
     except (ValueError, OSError) as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
-    if not any(f.rel == "run.json" for f in files):
+    if not has_run(files):
         raise RunDirError(f"not a run directory (no run.json): {url}")
     dest = _folder(loc.url, root)
     try:
@@ -67,7 +66,7 @@ def mirror(url: str, root: Path | None = None) -> Path:
         stale = [f for f in files
                  if old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file()]
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
-            list(pool.map(lambda f: _fetch(loc, f, dest), stale))
+            list(pool.map(lambda f: fetch(loc, f, dest), stale))
         _prune(dest, {f.rel for f in files})
         (dest / MANIFEST).write_text(json.dumps(
             {"url": loc.url, "files": {f.rel: [f.size, f.mtime_ns] for f in files}}))
@@ -82,10 +81,10 @@ def into_store(url: str, write: Callable[[Path], T]) -> T:
     changed is uploaded, run.json last (format.spool: the same order as the recorder)."""
     try:
         loc = locate(url)
-        has_run = any(f.rel == "run.json" for f in list_run(loc))
+        holds = has_run(list_run(loc))
     except (ValueError, OSError) as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
-    dest = mirror(url) if has_run else _folder(loc.url)
+    dest = mirror(url) if holds else _folder(loc.url)
     dest.mkdir(parents=True, exist_ok=True)
     before = local_files(dest)
     result = write(dest)
@@ -107,16 +106,6 @@ def _manifest(dest: Path) -> dict[str, list[int | None]]:
         return files if isinstance(files, dict) else {}
     except (OSError, ValueError):
         return {}
-
-
-def _fetch(loc: Location, f: StoredFile, dest: Path) -> None:
-    """One object into the mirror, through a temporary name (a reader of the mirror never
-    sees half a file)."""
-    target = dest / f.rel  # (f.rel is a checked run file name: no '..', no absolute part)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(read_bytes(loc, f.rel))
-    os.replace(tmp, target)
 
 
 def _prune(dest: Path, keep: set[str]) -> None:

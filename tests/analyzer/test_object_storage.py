@@ -79,8 +79,8 @@ def test_a_second_command_fetches_only_what_changed(s3: str, tmp_path: Path,
     url = f"s3://{s3}/r"
     _upload(local, url)
     fetched: list[str] = []
-    real = remote.read_bytes
-    monkeypatch.setattr(remote, "read_bytes", lambda loc, rel: fetched.append(rel)
+    real = storage.read_bytes  # (what format.storage.fetch reads with)
+    monkeypatch.setattr(storage, "read_bytes", lambda loc, rel: fetched.append(rel)
                         or real(loc, rel))
     first = remote.mirror(url)
     assert "run.json" in fetched and any(r.endswith(".parquet") for r in fetched)
