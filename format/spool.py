@@ -105,7 +105,7 @@ class Uploader:
         """Upload what changed since the last sync, then delete what was merged away.
         Raises the store's error (the caller retries)."""
         with self._lock:
-            now = {rel: st for rel, st in local_files(self.spool).items() if self._mine(rel)}
+            now = {rel: st for rel, st in local_files(self.spool).items() if self.mine(rel)}
             todo = sorted((rel for rel, st in now.items() if self.uploaded.get(rel) != st),
                           key=lambda rel: (_ORDER[run_file(rel) or "meta"], rel))
             for rel in todo:
@@ -124,9 +124,10 @@ class Uploader:
         """Bytes of this rank's files in the spool not uploaded in their current state."""
         done = dict(self.uploaded)
         return sum(st[0] for rel, st in local_files(self.spool).items()
-                   if self._mine(rel) and done.get(rel) != st)
+                   if self.mine(rel) and done.get(rel) != st)
 
-    def _mine(self, rel: str) -> bool:
+    def mine(self, rel: str) -> bool:
+        """Whether ``rel`` is this uploader's to send (its rank's, or everything)."""
         if self.rank is None:
             return True
         if rel == "run.json":
@@ -256,7 +257,7 @@ class Spool:
         up = self.uploader
         if up is None or not up.close(timeout_s):
             return
-        for rel in [r for r in local_files(self.path) if up._mine(r)]:
+        for rel in [r for r in local_files(self.path) if up.mine(r)]:
             (self.path / rel).unlink(missing_ok=True)
         if not local_files(self.path):
             remove_spool(self.path)

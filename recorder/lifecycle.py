@@ -56,8 +56,11 @@ class StepLifecycle:
 
     def __init__(self, *, config: RecorderConfig, first_step: int, optimizer: Any,
                  scaler: Any, reader: GradReader, writer: Writer, probe: MemoryProbe,
-                 rundir: RunDir, guard: Guard, on_error: Callable[[str, BaseException], None],
+                 rundir: RunDir, guard: Guard, call: Callable[..., Any],
+                 count_error: Callable[[str, BaseException], None],
                  event: Callable[..., None], lock: Any, grad_rows: bool) -> None:
+        """``call(where, fn, *args)`` and ``count_error(where, exc)``: the Recorder's guarded
+        call and failure count (one Guard, one ``recorder_error`` event per failure)."""
         self.config = config
         self.optimizer = optimizer
         self.scaler = scaler
@@ -66,7 +69,8 @@ class StepLifecycle:
         self._probe = probe
         self._rundir = rundir
         self.guard = guard
-        self._on_error = on_error
+        self._guard = call
+        self._count_error = count_error
         self.event = event
         self._lock = lock  # the Recorder's RLock: the calls may come from several threads
         self._grad_rows = grad_rows  # this rank writes per-parameter gradient rows
@@ -83,13 +87,6 @@ class StepLifecycle:
         self.act: ActivationCapture | None = None
         self.amp: ScalerHook | None = None
         self.profiler: ProfilerSchedule | None = None
-
-    def _guard(self, where: str, fn: Any, *args: Any) -> Any:
-        return self.guard.call(where, fn, *args, record=self._on_error)
-
-    def _count_error(self, where: str, exc: BaseException) -> None:
-        self.guard.failed(where, exc)
-        self._on_error(where, exc)
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              **metrics: Any) -> None:

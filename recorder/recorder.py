@@ -137,8 +137,9 @@ class Recorder:
         self._life = StepLifecycle(
             config=self.config, first_step=self._next_step, optimizer=self.optimizer,
             scaler=self.scaler, reader=self._reader, writer=self._writer, probe=self._probe,
-            rundir=self._rundir, guard=self.guard, on_error=self._error_event,
-            event=self.event, lock=self._lock, grad_rows=self._grad_rows)
+            rundir=self._rundir, guard=self.guard, call=self._guard,
+            count_error=self._count_error, event=self.event, lock=self._lock,
+            grad_rows=self._grad_rows)
         self._status = "running"
         self._handles: list[Any] = []
         self._install_hooks()
