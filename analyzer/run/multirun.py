@@ -63,8 +63,11 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
     if not paths:
         raise RunDirError("the URL pattern names no run (no run.json under it)")
     # a run in object storage is read from its local mirror, and named by its URL
-    shown = {mirror(str(p)): str(p) for p in paths if is_url(str(p))}
-    paths = [next((m for m, u in shown.items() if u == str(p)), p) for p in paths]
+    url_of: dict[str, str] = {}
+    for i, p in enumerate(paths):
+        if is_url(str(p)):
+            paths[i] = mirror(str(p))
+            url_of[str(paths[i])] = str(p)
     # A glob over a sweep's folder catches the odd non-run directory (logs/, a checkpoint
     # folder): it is left out with a warning, not allowed to abort the query over the rest.
     not_runs = {p for p in paths if Path(p).is_dir() and not (Path(p) / "run.json").exists()}
@@ -78,7 +81,7 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
         if real in seen:
             raise RunDirError(f"the same run is given twice: {seen[real]} and {p}")
         seen[real] = str(p)
-    labels = [shown.get(Path(p), str(p)) for p in paths]
+    labels = [url_of.get(str(p), str(p)) for p in paths]
     runs, ids, con = built_despite_merges(lambda: _build(paths, labels, seen, allow_files))
 
     def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
