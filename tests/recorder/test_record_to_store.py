@@ -18,6 +18,16 @@ from tracealyze.format import storage
 from tracealyze.recorder import Recorder
 
 
+def _step(model: nn.Module, opt: torch.optim.Optimizer, rec: Recorder,
+          x: torch.Tensor) -> None:
+    """One recorded SGD step on ``x``."""
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    rec.step(loss=loss)
+
+
 def _train(run_dir: str | Path, steps: int, **knobs: object) -> list[float]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -27,12 +37,7 @@ def _train(run_dir: str | Path, steps: int, **knobs: object) -> list[float]:
                   system_interval_s=0, profile_start=0, **knobs) as rec:
         for _ in range(steps):
             t = time.perf_counter()
-            x = torch.randn(16, 8)
-            loss = model(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            rec.step(loss=loss)
+            _step(model, opt, rec, torch.randn(16, 8))
             time.sleep(0.005)
             durations.append(time.perf_counter() - t)
     return durations
@@ -88,11 +93,7 @@ def test_the_store_down_mid_run_stalls_nothing_and_loses_nothing(
                 relay.cut()
                 cut_at = time.monotonic()
                 threading.Timer(20.0, relay.restore).start()
-            loss = model(torch.randn(16, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            rec.step(loss=loss)
+            _step(model, opt, rec, torch.randn(16, 8))
             time.sleep(0.005)
             steps += 1
             durations.append(time.perf_counter() - t)
@@ -280,11 +281,7 @@ def test_a_store_down_for_long_bounds_the_spool_and_counts_what_it_drops(
             if i == 5:
                 time.sleep(0.5)  # the first parts are uploaded
                 during()
-            loss = model(torch.randn(8, 32)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            rec.step(loss=loss)
+            _step(model, opt, rec, torch.randn(8, 32))
             time.sleep(0.002)
             if i % 50 == 0:
                 seen.append(sum(st[0] for st in local_files(spool).values()))
