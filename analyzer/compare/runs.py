@@ -168,6 +168,13 @@ def findings_diff(base: list[Finding], new: list[Finding]) -> dict[str, list[dic
     }
 
 
+# Step-time outliers are slow steps *relative to the run's own median*. When the median
+# itself got significantly slower, fewer such steps is not a faster tail: the bar moved up
+# (a 3x slower loader hides a fast run's GC hiccups under its own sleep). They count as
+# better only when the median did not regress.
+RELATIVE_TO_MEDIAN = ("step_time_outlier_share", "finding:step_time_outlier")
+
+
 def judge(metrics: list[Metric], fdiff: Mapping[str, list[Any]], threshold: float
           ) -> tuple[str, list[str], list[str]]:
     def big(m: Metric) -> bool:
@@ -179,6 +186,8 @@ def judge(metrics: list[Metric], fdiff: Mapping[str, list[Any]], threshold: floa
     worse += [f"finding:{f['id']}" for f in fdiff["worse"]]
     better = [m.name for m in metrics if m.better_now and big(m)]
     better += [f"finding:{f['id']}" for f in fdiff["resolved"]]
+    if "step_time_median_s" in worse:
+        better = [b for b in better if b not in RELATIVE_TO_MEDIAN]
     verdict = ("mixed" if worse and better else "regressed" if worse
                else "improved" if better else "unchanged")
     return verdict, worse, better

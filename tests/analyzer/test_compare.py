@@ -99,6 +99,25 @@ def test_stalls_show_as_more_step_time_outliers(tmp_path: Path) -> None:
     assert not metric(compare_runs(b, c), "step_time_outlier_share")["significant"]
 
 
+def test_fewer_outliers_under_a_slower_median_are_not_an_improvement(tmp_path: Path) -> None:
+    # the base stalls every 20th step; the new run is 3x slower at every step, so none of
+    # its steps stands out against its own (higher) median. Its tail is not faster: the
+    # verdict is a regression, not "mixed".
+    rng = np.random.default_rng(0)
+    steady = 0.1 * (1 + 0.02 * rng.standard_normal(400))
+    stalls = np.where(np.arange(400) % 20 == 7, 0.6, steady)
+    a = make_run(tmp_path, name="a", steps=400, seed=1, duration=stalls)
+    b = make_run(tmp_path, name="b", steps=400, seed=2, duration=3 * steady)
+    r = compare_runs(a, b)
+    share = metric(r, "step_time_outlier_share")
+    assert share["significant"] and share["new"] < share["base"]
+    assert r["verdict"] == "regressed", r["improvements"]
+    assert "step_time_outlier_share" not in r["improvements"]
+    # a faster median with new stalls is both: better and worse
+    c = make_run(tmp_path, name="c", steps=400, seed=3, duration=3 * steady)
+    assert compare_runs(c, a)["verdict"] == "mixed"
+
+
 def test_nan_steps_and_a_layer_that_moved_by_orders_of_magnitude(tmp_path: Path) -> None:
     a = make_run(tmp_path, name="a", steps=200, seed=1, tensors=4)
     b = make_run(tmp_path, name="b", steps=200, seed=2, tensors=4,

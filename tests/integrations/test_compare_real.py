@@ -73,7 +73,7 @@ def test_recorded_pairs(tmp_path: Path) -> None:
         m = next(m for m in same["metrics"] if m["name"] == name)
         assert m["base"] == m["new"] and not m["significant"], m
     slow = compare_runs(tmp_path / "a", tmp_path / "slow")
-    assert slow["verdict"] == "regressed"
+    assert slow["verdict"] == "regressed", (slow["regressions"], slow["improvements"])
     assert {"data_wait_share", "step_time_median_s"} <= set(slow["regressions"])
     assert "loss_final" not in slow["regressions"]
     # a learning rate 20x too high: this model's loss goes NaN by step ~20, and that is what
