@@ -134,6 +134,24 @@ def test_a_url_that_cannot_be_read_is_one_line_and_exit_2(s3: str, target: str,
     assert "Traceback" not in res.output
 
 
+def test_refused_credentials_are_one_line_for_the_analyzer_and_a_value_error_for_the_recorder(
+        s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # moto checks signatures once this count of unauthenticated calls is spent: our "test"
+    # key is then unknown to it, as a revoked or mistyped key is to a real store
+    import moto.settings
+
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    res = CliRunner().invoke(main, ["summary", f"s3://{s3}/x"])
+    assert res.exit_code == 2, res.output
+    assert "cannot read" in res.output and "INVALID_ACCESS_KEY_ID" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    torch = pytest.importorskip("torch")
+    from tracealyze.recorder import Recorder
+
+    with pytest.raises(ValueError, match="cannot record to .*INVALID_ACCESS_KEY_ID"):
+        Recorder(f"s3://{s3}/run", model=torch.nn.Linear(2, 2))
+
+
 def test_a_prefix_without_run_json_is_not_a_run(s3: str) -> None:
     res = CliRunner().invoke(main, ["summary", f"s3://{s3}/empty"])
     assert res.exit_code == 2 and "no run.json" in res.output
