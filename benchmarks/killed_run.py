@@ -34,7 +34,7 @@ def record_killed(run_dir: Path, flushes: int, fanout: int) -> float:
     meta = new_run_meta(preset="standard", knobs={}, world_size=1, flush_interval_s=10.0)
     meta["heartbeat"] = meta["started"] = time.time() - 3600  # killed an hour ago
     write_json_atomic(run_dir / "run.json", meta)
-    rank = new_rank_meta(0, meta)
+    rank = new_rank_meta(0)
     rank["heartbeat"] = meta["heartbeat"]
     write_json_atomic(run_dir / "ranks" / "rank=0.json", rank)
     w = Writer(run_dir, 0, flush_interval_s=3600.0, flush_rows=10**9, queue_size=10,

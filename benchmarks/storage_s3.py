@@ -8,9 +8,14 @@ its own process, as a remote store would be):
 * ``read``: ``summary`` of a 100,000-step run from the bucket (cold: empty cache; warm: the
   cache from the previous command) against the same run on local disk, fresh CLI processes;
   and the requests the server answered per ``summary``.
+* ``node-loss``: a training process recording to the bucket is killed (``kill -9``) at a
+  random moment and its spool deleted, as when a preemptible node disappears with its disk;
+  the training seconds the store lacks (steps done but never uploaded × step time) against
+  the bound ``flush_interval_s`` + upload time.
 
     python benchmarks/storage_s3.py overhead --repeats 3
     python benchmarks/storage_s3.py read --repeats 3
+    python benchmarks/storage_s3.py node-loss --repeats 10
 """
 
 from __future__ import annotations
@@ -162,13 +167,82 @@ def read(repeats: int, steps: int) -> None:
     print(f"summary s3 (warm)  {fmt(warm)}  ratio {statistics.median(warm) / base:.2f}x")
 
 
+TRAIN = """
+import sys, time, torch
+from torch import nn
+from tracealyze.recorder import Recorder
+url, spool, flush = sys.argv[1], sys.argv[2], float(sys.argv[3])
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+with Recorder(url, model=model, optimizer=opt, spool_dir=spool, flush_interval_s=flush,
+              system_interval_s=0) as rec:
+    for step in range(10**9):
+        loss = model(torch.randn(32, 64)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        rec.step(loss=loss)
+        time.sleep(0.009)
+        print(step, time.monotonic(), flush=True)
+"""
+
+
+def node_loss(repeats: int, flush_s: float) -> None:
+    import random
+    import signal
+
+    from tracealyze.analyzer.errors import RunDirError
+    from tracealyze.analyzer.run.catalog import open_run
+
+    server = Server()
+    lost_s, lost_steps = [], []
+    rng = random.Random(0)
+    try:
+        for i in range(repeats):
+            with tempfile.TemporaryDirectory() as td:
+                url, spool = f"s3://bench/nodeloss/{i}", Path(td) / "spool"
+                proc = subprocess.Popen([sys.executable, "-c", TRAIN, url, str(spool),
+                                         str(flush_s)], env=server.env, cwd=ROOT,
+                                        stdout=subprocess.PIPE, text=True)
+                time.sleep(4.0 + rng.uniform(0.0, 2 * flush_s))  # a random phase of the flushes
+                os.kill(proc.pid, signal.SIGKILL)
+                out = proc.communicate()[0].splitlines()
+                shutil.rmtree(spool, ignore_errors=True)  # the node's disk is gone too
+                done = [tuple(map(float, line.split())) for line in out if line.strip()]
+                env_cache = Path(td) / "cache"
+                os.environ["TRACEALYZE_CACHE_DIR"] = str(env_cache)
+                try:
+                    with open_run(url) as run:
+                        stored = run.con.execute("SELECT max(step) FROM steps").fetchone()[0]
+                except RunDirError:  # not even run.json reached the store
+                    stored = None
+                stored = -1 if stored is None else int(stored)
+                last, t_last = int(done[-1][0]), done[-1][1]
+                t_stored = next((t for s, t in done if int(s) == stored), done[0][1])
+                lost_steps.append(last - stored)
+                lost_s.append(max(0.0, t_last - t_stored))
+                print(f"trial {i}: {last + 1} steps done, {stored + 1} in the store, "
+                      f"{lost_s[-1]:.2f} s of training lost", flush=True)
+    finally:
+        server.stop()
+    print(f"flush_interval_s={flush_s:g}: lost {statistics.median(lost_s):.2f} s "
+          f"({min(lost_s):.2f}-{max(lost_s):.2f}) of training, "
+          f"{statistics.median(lost_steps):.0f} steps ({min(lost_steps)}-{max(lost_steps)}), "
+          f"{repeats} kills")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["overhead", "read"])
+    ap.add_argument("what", choices=["overhead", "read", "node-loss"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100_000, help="read: steps of the run")
+    ap.add_argument("--flush-interval-s", type=float, default=5.0,
+                    help="node-loss: the recorder's flush_interval_s")
     a = ap.parse_args()
-    overhead(a.repeats) if a.what == "overhead" else read(a.repeats, a.steps)
+    if a.what == "overhead":
+        overhead(a.repeats)
+    elif a.what == "read":
+        read(a.repeats, a.steps)
+    else:
+        node_loss(a.repeats, a.flush_interval_s)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,10 @@ def new_run_meta(*, preset: str | None, knobs: dict[str, Any] | None, world_size
     }
 
 
-def new_rank_meta(rank: int, run_meta: dict[str, Any]) -> dict[str, Any]:
+def new_rank_meta(rank: int, host: str | None = None) -> dict[str, Any]:
+    """A rank file's first state. ``host`` is the machine this rank runs on (this process's
+    by default): each rank names its own, since ranks of one run span nodes and a resumed
+    rank may run on another node than the one that started the run."""
     now = time.time()
     return {
         "rank": rank,
@@ -116,7 +119,7 @@ def new_rank_meta(rank: int, run_meta: dict[str, Any]) -> dict[str, Any]:
         "started": now,
         "ended": None,
         "heartbeat": now,
-        "host": run_meta.get("host"),
+        "host": host if host is not None else socket.gethostname(),
         "pid": os.getpid(),
         "steps": 0,
         "counters": {"dropped": {}, "recorder_errors": 0},

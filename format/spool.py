@@ -135,7 +135,10 @@ class Uploader:
         return f"rank={self.rank}/" in rel + "/" or rel == f"ranks/rank={self.rank}.json"
 
     def _run(self) -> None:
-        backoff = 1.0
+        # At once, not one interval later: run.json and the rank files reach the store as
+        # training starts, so a node lost before its first flush leaves a run the analyzer
+        # lists (and calls killed), not nothing.
+        backoff = 1.0 if self._attempt() else 2.0
         while not self._stop.is_set():
             self._wake.wait(self.interval_s if self._down_since is None else backoff)
             self._wake.clear()

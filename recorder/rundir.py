@@ -80,7 +80,7 @@ class RunDir:
             meta["knobs"], meta["preset"] = knobs, preset
             meta["schema_version"] = SCHEMA_VERSION  # new parts are written in this format
         self.meta = meta
-        self.rank_meta = rank_meta(rank, meta)
+        self.rank_meta = rank_meta(rank)
         # The run's id is rank 0's: another rank takes it from run.json, or, if it started
         # before rank 0 wrote that, at its next heartbeat (adopt_run_id).
         self.rank_meta["run_id"] = (meta if rank == 0 else existing or {}).get("run_id")

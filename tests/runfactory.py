@@ -165,7 +165,7 @@ def write_run_json(run_dir: Path | str, **fields: Any) -> dict[str, Any]:
 def write_rank_json(run_dir: Path | str, rank: int, **fields: Any) -> dict[str, Any]:
     """Write ranks/rank=<r>.json (status, heartbeat, counters ...)."""
     now = _time.time()
-    meta = new_rank_meta(rank, {"host": "testhost"})
+    meta = new_rank_meta(rank, "testhost")
     meta.update({"status": "completed", "started": now - 3600.0, "ended": now,
                  "heartbeat": now, "pid": 1234 + rank})
     meta.update(fields)

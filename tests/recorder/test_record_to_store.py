@@ -340,3 +340,19 @@ def test_record_cli_records_an_unmodified_script_to_a_url(s3: str, tmp_path: Pat
                            cwd=tmp_path)
     assert again.returncode == 2 and "already holds a run" in again.stderr
     assert not Path(tmp_path / "s3:").exists()
+
+
+def test_the_run_is_in_the_store_from_its_start(s3: str, tmp_path: Path) -> None:
+    """run.json and the rank file are uploaded as training starts, not one flush interval
+    later: a node lost before its first flush leaves a run the analyzer finds (running, then
+    killed), not an empty prefix."""
+    url = f"s3://{s3}/runs/early"
+    loc = storage.locate(url)
+    with Recorder(url, model=nn.Linear(2, 2), flush_interval_s=600, system_interval_s=0,
+                  spool_dir=str(tmp_path / "spool")):
+        deadline = time.monotonic() + 10
+        while not storage.has_run(storage.list_run(loc)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        names = {f.rel for f in storage.list_run(loc)}
+        assert {"run.json", "ranks/rank=0.json"} <= names
+        assert json.loads(storage.read_bytes(loc, "run.json"))["status"] == "running"
