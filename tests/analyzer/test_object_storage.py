@@ -148,7 +148,7 @@ def test_refused_credentials_are_one_line_for_the_analyzer_and_a_value_error_for
     torch = pytest.importorskip("torch")
     from tracealyze.recorder import Recorder
 
-    with pytest.raises(ValueError, match="cannot record to .*INVALID_ACCESS_KEY_ID"):
+    with pytest.raises(ValueError, match=r"cannot record to .*INVALID_ACCESS_KEY_ID"):
         Recorder(f"s3://{s3}/run", model=torch.nn.Linear(2, 2))
 
 
