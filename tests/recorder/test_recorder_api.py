@@ -962,3 +962,22 @@ def test_sparse_and_missing_gradients_are_left_out_of_gradient_rows(run_dir: Pat
     steps = steps_by_number(run_dir)
     assert all(steps[s]["nonfinite_grads"] == 0 and steps[s]["grad_norm"] > 0
                for s in range(4))
+
+
+def test_each_rank_file_names_the_host_it_ran_on(tmp_path: Path) -> None:
+    """A run resumed on another node: run.json keeps the host that started it, the rank
+    file names this one (fleet analysis blames slow ranks on their hosts)."""
+    import socket
+
+    run_dir = tmp_path / "run"
+    model = nn.Linear(4, 1)
+    with Recorder(run_dir, model=model, **FAST) as rec:
+        rec.step(loss=model(torch.randn(2, 4)).sum())
+    meta = run_json(run_dir)
+    meta["host"] = "node-that-was-preempted"
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    with Recorder(run_dir, model=model, resume=True, **FAST) as rec:
+        rec.step(loss=model(torch.randn(2, 4)).sum())
+    rank = json.loads((run_dir / "ranks" / "rank=0.json").read_text())
+    assert rank["host"] == socket.gethostname()
+    assert run_json(run_dir)["host"] == "node-that-was-preempted"
