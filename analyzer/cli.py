@@ -8,63 +8,16 @@ on stderr and exit code 2 here, at the edge, and nowhere else.
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from tracealyze.format.storage import is_url
 from tracealyze.format.vocabulary import PRESETS
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-EXIT_FAIL_ON = 1
-EXIT_BAD_INPUT = 2
-
-
-class BadInput(click.ClickException):
-    """One line on stderr, exit 2 (DESIGN.md: usage error, bad input or SQL error)."""
-
-    exit_code = EXIT_BAD_INPUT
-
-
-def _edge(fn: F) -> F:
-    """Turn library errors into :class:`BadInput` (no traceback)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .errors import TracealyzeError
-
-        try:
-            return fn(*args, **kwargs)
-        except TracealyzeError as e:
-            raise BadInput(" ".join(str(e).split())) from e
-        except (OSError, UnicodeDecodeError) as e:
-            raise BadInput(f"{type(e).__name__}: {e}") from e
-        except Exception as e:
-            # Data the run's files hold that DuckDB cannot convert: bad input, not a bug.
-            if type(e).__module__.startswith("duckdb") or type(e).__name__.endswith(
-                    "ConversionException"):
-                raise BadInput(f"cannot read the run's data: {' '.join(str(e).split())[:300]}"
-                               ) from e
-            raise
-
-    return wrapper  # type: ignore[return-value]
-
-
-class _RunLocation(click.ParamType):
-    """A run directory: a path, or a URL kept as text (``Path`` folds ``s3://b`` to ``s3:/b``)."""
-
-    name = "RUN_DIR"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Path | str:
-        return str(value) if is_url(value) else Path(value)
-
-
-_RUN_DIR = _RunLocation()
+from .cli_edge import EXIT_FAIL_ON, RUN_DIR, BadInput, edge
+from .cli_fleet import fleet
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -86,8 +39,8 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("run_dir", type=_RUN_DIR)
-@_edge
+@click.argument("run_dir", type=RUN_DIR)
+@edge
 def tables(run_dir: Path) -> None:
     """List the run's tables (views), their columns and row counts.
 
@@ -109,22 +62,32 @@ def tables(run_dir: Path) -> None:
 
 
 @main.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=_RUN_DIR)
+@click.argument("run_dirs", nargs=-1, type=RUN_DIR)
 @click.argument("sql")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True, help="Output format.")
 @click.option("--allow-files", is_flag=True,
               help="Let the SQL read files outside the given runs (read_csv, read_parquet, "
                    "glob, ...). Off by default: a query sees only the runs it was given.")
-@_edge
-def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> None:
+@click.option("--fleet", "fleet_root", default=None, metavar="ROOT",
+              help="Query the fleet under ROOT (indexed by `tracealyze fleet ROOT`): views "
+                   "runs, findings, fleet_ranks, and every run table across its runs.")
+@click.option("--runs", "runs_where", default=None, metavar="PREDICATE",
+              help="With --fleet: build the run tables over the runs this SQL predicate on "
+                   "`runs` selects only (e.g. \"status = 'crashed'\").")
+@click.option("--index", "index", type=click.Path(path_type=Path), default=None,
+              help="With --fleet: the index, if not the default one.")
+@edge
+def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
+          fleet_root: str | None, runs_where: str | None, index: Path | None) -> None:
     """Run one read-only SQL statement (DuckDB dialect) over the run's tables.
 
     Every table (steps, tensor_stats, metrics, events, memory, system, trace_events) is a view
     of that name over all ranks and parts. Given several runs, every view covers all of them
     and gains leading run_id and run_path columns (a directory in the list that is
     not a run is skipped with a warning). The SQL can read only these runs' files unless
-    --allow-files is given; it can never write.
+    --allow-files is given; it can never write. With --fleet ROOT, the views are the
+    fleet's: runs, findings and fleet_ranks from its index, and the run tables over its runs.
 
     \b
     Example:
@@ -132,14 +95,29 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool) -> 
           WHERE kind = 'grad' GROUP BY name ORDER BY 2 DESC LIMIT 10" --format csv
       tracealyze query runs/lr-* "SELECT run_id, median(duration_s), min(loss)
           FROM steps GROUP BY run_id ORDER BY 3"
+      tracealyze query --fleet /shared/runs "SELECT top_finding, count(*) FROM runs
+          GROUP BY 1 ORDER BY 2 DESC"
     """
-    one = len(run_dirs) == 1 and not any(ch in str(run_dirs[0]) for ch in "*?[")
-    if one:
-        from .run.catalog import open_run as opener
-    else:  # (several runs, or a URL pattern naming runs)
-        from .run.multirun import open_runs as opener  # type: ignore[assignment]
+    if fleet_root is not None:
+        if run_dirs:
+            raise BadInput("give run directories or --fleet ROOT, not both")
+        from .fleet.sql import open_fleet
 
-    with opener(run_dirs[0] if one else run_dirs, allow_files=allow_files) as runs:
+        opened = open_fleet(fleet_root, sql, index=index, runs_where=runs_where,
+                            allow_files=allow_files)
+    elif not run_dirs:
+        raise BadInput("give a run directory (or several, or --fleet ROOT) and the SQL")
+    elif runs_where is not None or index is not None:
+        raise BadInput("--runs and --index go with --fleet ROOT")
+    elif len(run_dirs) == 1 and not any(ch in str(run_dirs[0]) for ch in "*?["):
+        from .run.catalog import open_run
+
+        opened = open_run(run_dirs[0], allow_files=allow_files)
+    else:  # (several runs, or a URL pattern naming runs)
+        from .run.multirun import open_runs
+
+        opened = open_runs(run_dirs, allow_files=allow_files)
+    with opened as runs:
         for why in getattr(runs, "skipped", ()):
             click.echo(f"warning: skipped {why}", err=True)
         cols, rows = runs.query(sql)
@@ -168,14 +146,14 @@ _CONFIG_HELP = "Thresholds file (TOML: [detector] tables, or JSON)."
 
 
 @main.command()
-@click.argument("run_dir", type=_RUN_DIR)
+@click.argument("run_dir", type=RUN_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--fail-on", type=click.Choice(["warning", "error", "critical"]), default=None,
               help="Exit 1 if a finding is at least this severe (CI gate).")
 @click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help=_CONFIG_HELP)
-@_edge
+@edge
 def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[str, ...],
             config_file: Path | None) -> None:
     """Say what went wrong in a run: ranked findings with evidence and advice.
@@ -201,13 +179,13 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
 
 
 @main.command()
-@click.argument("run_dir", type=_RUN_DIR)
+@click.argument("run_dir", type=RUN_DIR)
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Where to write the HTML (default RUN_DIR/report.html).")
 @click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help=_CONFIG_HELP)
-@_edge
+@edge
 def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
            config_file: Path | None) -> None:
     """Write a self-contained offline HTML report of the run and print its path.
@@ -231,7 +209,7 @@ def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
 
 @main.command("import-trace")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.argument("run_dir", type=_RUN_DIR)
+@click.argument("run_dir", type=RUN_DIR)
 @click.option("--keep-raw", is_flag=True,
               help="Also keep a copy of each raw trace under RUN_DIR/traces/ (for Perfetto).")
 @click.option("--max-ratio", type=float, default=200.0, show_default=True,
@@ -241,7 +219,7 @@ def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
               help="Traces read at once (default: the CPU count, at most 4; each reader "
                    "needs about 0.5 GB).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
-@_edge
+@edge
 def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
                  max_ratio: float, jobs: int | None, quiet: bool) -> None:
     """Import torch.profiler / Kineto traces (.json or .json.gz files, or directories of
@@ -297,7 +275,7 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
 @click.argument("spool", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds to keep retrying a store that refuses.")
-@_edge
+@edge
 def upload(spool: Path, timeout: float) -> None:
     """Upload (then delete) the spool of a run recorded to a URL whose process died before
     its last upload; the spool names its URL.
@@ -316,14 +294,14 @@ def upload(spool: Path, timeout: float) -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--run-dir", type=_RUN_DIR, default=None,
+@click.option("--run-dir", type=RUN_DIR, default=None,
               help="Where to write (default runs/<script>-<date-time>).")
 @click.option("--preset", type=click.Choice(PRESETS),
               default="standard", show_default=True, help="Recorder preset.")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE",
               help="Override a recorder knob (repeatable), e.g. --set grad_norm_every=10.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-@_edge
+@edge
 def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
            command: tuple[str, ...]) -> None:
     """Run an unmodified training COMMAND under the recorder.
@@ -353,8 +331,8 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
 
 
 @main.command()
-@click.argument("base", type=_RUN_DIR)
-@click.argument("new", type=_RUN_DIR)
+@click.argument("base", type=RUN_DIR)
+@click.argument("new", type=RUN_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--fail-on", type=click.Choice(["regression"]), default=None,
               help="Exit 1 on a significant change in the wrong direction beyond --threshold.")
@@ -363,7 +341,7 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Also write the comparison as one HTML page (curves, distributions, "
                    "kernel diff).")
-@_edge
+@edge
 def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
             threshold: float, out: Path | None) -> None:
     """Did NEW train worse than BASE? Step time, throughput, data wait, memory, loss,
@@ -395,3 +373,6 @@ def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
 
 if __name__ == "__main__":  # pragma: no cover (after every command is registered)
     main()
+
+
+main.add_command(fleet)

@@ -221,3 +221,38 @@ def expand(pattern: str) -> list[str]:
                 fnmatch.fnmatchcase(a, b) for a, b in zip(rel[:-1], want, strict=True)):
             found.add(f"{loc.url}/{'/'.join(rel[:-1])}")
     return sorted(found)
+
+
+def runs_under(url: str) -> dict[str, list[StoredFile]]:
+    """Every run under the prefix ``url`` at any depth, from one recursive listing: the
+    run's URL -> its run files (checked by :func:`run_file` against the run's own prefix).
+    A run is a prefix holding ``run.json``; runs are not nested (a run's files are never
+    searched for another run), and a folder named ``_tracealyze`` (an index) is skipped."""
+    from pyarrow import fs as pafs
+
+    loc = locate(url)
+    prefix = loc.root + "/"
+    listing = [(info.path[len(prefix):], info) for info in loc.fs.get_file_info(
+        pafs.FileSelector(loc.root, recursive=True, allow_not_found=True))
+        if info.type == pafs.FileType.File and info.path.startswith(prefix)]
+
+    def owner(segs: list[str], kept: dict[str, list[StoredFile]]) -> str | None:
+        """The shortest kept run prefix among ``segs``' ancestors (O(depth))."""
+        return next((a for a in ("/".join(segs[:i]) for i in range(len(segs)))
+                     if a in kept), None)
+
+    runs: dict[str, list[StoredFile]] = {}
+    for rel in sorted((rel for rel, _ in listing if rel.split("/")[-1] == "run.json"),
+                      key=lambda r: r.count("/")):
+        segs = rel.split("/")[:-1]
+        if "_tracealyze" not in segs and owner(segs, runs) is None:
+            runs["/".join(segs)] = []
+    for rel, info in listing:
+        segs = rel.split("/")
+        r = owner(segs, runs)
+        inner = rel[len(r) + 1:] if r else rel
+        if r is not None and run_file(inner) is not None:
+            runs[r].append(StoredFile(inner, int(info.size or 0), info.mtime_ns))
+    base = loc.url.rstrip("/")
+    return {(f"{base}/{r}" if r else base): sorted(fs_, key=lambda f: f.rel)
+            for r, fs_ in runs.items()}

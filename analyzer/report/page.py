@@ -208,9 +208,11 @@ def _environment() -> Any:
     )
 
 
-def render(model: dict[str, Any], template_name: str = "report.html.j2") -> str:
-    """The page ``template_name`` for ``model`` (from :func:`collect`, or the compare
-    page's): the charts' JSON, plotly.js, the CSS and the page script inlined."""
+def render(model: dict[str, Any], template_name: str = "report.html.j2",
+           page_js: str | None = None) -> str:
+    """The page ``template_name`` for ``model`` (from :func:`collect`, or the compare or
+    fleet page's): the charts' JSON, plotly.js, the CSS and the page script inlined;
+    ``page_js`` names one more script asset of that page (its own hash in the CSP)."""
     from markupsafe import Markup
 
     data = script_json({"charts": [c.to_json() for c in model["charts"]]})
@@ -224,6 +226,7 @@ def render(model: dict[str, Any], template_name: str = "report.html.j2") -> str:
         raise ReportError(f"{PLOTLY_FILE} cannot be inlined safely")
     version = _read_asset(PLOTLY_VERSION_FILE).split("\n", 1)[0].strip()
     app_js = _read_asset("report.js")
+    extra_js = _read_asset(page_js) if page_js else ""
     template = _environment().get_template(template_name)
     return template.render(
         **model,
@@ -233,9 +236,11 @@ def render(model: dict[str, Any], template_name: str = "report.html.j2") -> str:
         plotly_version=version,
         css=Markup(_read_asset("report.css")),
         app_js=Markup(app_js),
-        # Only these two inline scripts may run: an injected handler could not, even if some
+        page_js=Markup(extra_js),
+        # Only these inline scripts may run: an injected handler could not, even if some
         # text escaped escaping (defence in depth).
-        script_hashes=Markup(" ".join(_csp_hash(js) for js in (plotly_js, app_js))),
+        script_hashes=Markup(" ".join(_csp_hash(js) for js in (plotly_js, app_js, extra_js)
+                                      if js)),
         generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )
 

@@ -11,7 +11,7 @@ the nodes of a fleet line up in SQL::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,13 @@ def _ids(runs: list[Run]) -> list[str]:
     return out
 
 
-def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunSet:
+def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False,
+              also_read: Sequence[Path] = (), more_views: Callable[[Any], None] | None = None
+              ) -> RunSet:
     """Open ``paths`` (two or more run directories) into one connection, which reads only
     files under them unless ``allow_files`` (sqlsafe.sandbox). RunDirError names the run
-    that cannot be opened."""
+    that cannot be opened. ``also_read``: more directories the views may read (a fleet
+    index), whose views ``more_views(con)`` adds before the connection is locked."""
     if not paths:
         raise RunDirError("no run directory given")
     try:  # s3://bucket/sweep/lr-*: every run the pattern names (a shell cannot glob a URL)
@@ -82,11 +85,13 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
             raise RunDirError(f"the same run is given twice: {seen[real]} and {p}")
         seen[real] = str(p)
     labels = [url_of.get(str(p), str(p)) for p in paths]
-    runs, ids, con = built_despite_merges(lambda: _build(paths, labels, seen, allow_files))
+    extra = (also_read, more_views)
+    runs, ids, con = built_despite_merges(lambda: _build(paths, labels, seen, allow_files,
+                                                         *extra))
 
     def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
         fresh, _, fresh_con = built_despite_merges(
-            lambda: _build(paths, labels, seen, allow_files))
+            lambda: _build(paths, labels, seen, allow_files, *extra))
         runs[:] = fresh
         return fresh_con
 
@@ -94,10 +99,11 @@ def open_runs(paths: Sequence[str | Path], *, allow_files: bool = False) -> RunS
 
 
 def _build(paths: Sequence[str | Path], labels: list[str], seen: dict[Path, str],
-           allow_files: bool) -> tuple[list[Run], list[str], Any]:
+           allow_files: bool, also_read: Sequence[Path] = (),
+           more_views: Callable[[Any], None] | None = None) -> tuple[list[Run], list[str], Any]:
     """Every run's views in a schema of one connection, and the union views over them
     (``run_path``: ``labels``, the path or URL each run was given as)."""
-    con = new_connection(seen, allow_files=allow_files)
+    con = new_connection([*seen, *also_read], allow_files=allow_files)
     runs: list[Run] = []
     try:
         for i, p in enumerate(paths):
@@ -116,6 +122,8 @@ def _build(paths: Sequence[str | Path], labels: list[str], seen: dict[Path, str]
                 f"* FROM run{i}.{name}"
                 for i in sorted(members))
             execute_one(con, f"CREATE VIEW main.{name} AS {union}")
+        if more_views is not None:
+            more_views(con)
         lock(con)
     except BaseException:
         con.close()

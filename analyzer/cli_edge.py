@@ -1,0 +1,59 @@
+"""The CLI's edge: library errors become one line and exit 2 here, and nowhere else; the
+run-directory parameter type. Shared by every command module (``cli``, ``cli_fleet``)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from tracealyze.format.storage import is_url
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_FAIL_ON = 1
+EXIT_BAD_INPUT = 2
+
+
+class BadInput(click.ClickException):
+    """One line on stderr, exit 2 (DESIGN.md: usage error, bad input or SQL error)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+def edge(fn: F) -> F:
+    """Turn library errors into :class:`BadInput` (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .errors import TracealyzeError
+
+        try:
+            return fn(*args, **kwargs)
+        except TracealyzeError as e:
+            raise BadInput(" ".join(str(e).split())) from e
+        except (OSError, UnicodeDecodeError) as e:
+            raise BadInput(f"{type(e).__name__}: {e}") from e
+        except Exception as e:
+            # Data the run's files hold that DuckDB cannot convert: bad input, not a bug.
+            if type(e).__module__.lstrip("_").startswith("duckdb") or type(e).__name__.endswith(
+                    "ConversionException"):
+                raise BadInput(f"cannot read the run's data: {' '.join(str(e).split())[:300]}"
+                               ) from e
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+class RunLocation(click.ParamType):
+    """A run directory: a path, or a URL kept as text (``Path`` folds ``s3://b`` to ``s3:/b``)."""
+
+    name = "RUN_DIR"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Path | str:
+        return str(value) if is_url(value) else Path(value)
+
+
+RUN_DIR = RunLocation()

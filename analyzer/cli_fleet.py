@@ -1,0 +1,93 @@
+"""``tracealyze fleet``: the command (a thin layer over :mod:`.fleet`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .cli_edge import EXIT_FAIL_ON, edge
+
+
+def _progress(what: str, enabled: bool):  # type: ignore[no-untyped-def]
+    """A progress line on stderr at most every 2 s (and at the end), when ``enabled``."""
+    last = [0.0]
+    t0 = time.monotonic()
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if enabled and (now - last[0] >= 2.0 or done == total):
+            last[0] = now
+            click.echo(f"fleet: {what} {done:,}/{total:,} runs ({now - t0:.0f} s)", err=True)
+    return show
+
+
+@click.command()
+@click.argument("roots", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet as JSON.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
+              help="Write the fleet page (HTML) there.")
+@click.option("--fail-on", type=click.Choice(["warning", "error", "critical"]), default=None,
+              help="Exit 1 if a run's worst finding, or a fleet finding, is at least this "
+                   "severe (an unreadable run counts as error).")
+@click.option("--engine", type=click.Choice(["local", "spark"]), default="local",
+              show_default=True, help="Where the per-run analyses run.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Local: processes (default: one per core). Spark: tasks (default: 4 per "
+                   "executor core).")
+@click.option("--index", "index", type=click.Path(path_type=Path), default=None,
+              help="Where the index is kept (default ROOT/_tracealyze/fleet; for a URL or "
+                   "several roots, the local cache).")
+@click.option("--reports", is_flag=True,
+              help="Write each run's report next to the page (needs -o) and link each row "
+                   "to it; only reports that are missing or out of date are written.")
+@click.option("--spark-master", default=None, metavar="URL",
+              help="Spark master when no SparkSession is active (default local[*]).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@edge
+def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str | None,
+          engine: str, jobs: int | None, index: Path | None, reports: bool,
+          spark_master: str | None, quiet: bool) -> None:
+    """Analyse every run under ROOT... (directories, globs, s3:// or gs:// prefixes) and
+    keep one row per run in an incremental index: only new or changed runs are analysed.
+
+    Prints the runs with something to look at, worst first, and the findings only the
+    fleet shows (suspect_host: a host that is the slow rank in the runs it joins).
+    `tracealyze query --fleet ROOT "SQL"` then queries the index and the runs.
+
+    \b
+    Example:
+      tracealyze fleet /shared/runs -o fleet.html --reports
+      tracealyze fleet s3://team-bucket/runs --json --fail-on error
+      tracealyze fleet /shared/runs --engine spark --spark-master spark://head:7077
+    """
+    from .errors import ConfigError
+    from .fleet.fleet import fails, run_fleet
+
+    if reports and out is None:
+        raise ConfigError("--reports writes the reports next to the page: give -o fleet.html")
+    show = not quiet and sys.stderr.isatty()
+    result = run_fleet(list(roots), engine=engine, jobs=jobs, index=index,
+                       spark_master=spark_master, progress=_progress("analysed", show))
+    if out is not None:
+        from .fleet.page import write_page, write_reports
+
+        links = {}
+        if reports:
+            folder = out.parent / f"{out.stem}-reports"
+            links = write_reports(result, folder, _progress("reports of", show))
+            prefix = f"{folder.name}/"
+        write_page(result, out, links, prefix if reports else "")
+        click.echo(f"wrote {out}", err=True)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(result.to_json(), indent=1))
+    else:
+        from .fleet.render import render_text
+
+        click.echo(render_text(result))
+    if fail_on and fails(result, fail_on):
+        sys.exit(EXIT_FAIL_ON)

@@ -1,0 +1,125 @@
+"""``run_fleet``: find the runs under the roots, analyse the new and changed ones (and
+running ones whose heartbeat went stale), keep every row in the index, and find the bad
+hosts across runs. The facade the CLI and users call."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..diagnosis.findings import severity_rank
+from ..errors import ConfigError
+from . import engines
+from .analyse import analyzer_version
+from .discover import RunRef, discover, under
+from .hosts import suspect_hosts
+from .index import Index, default_index
+
+FLEET_JSON_VERSION = 1
+
+
+@dataclass
+class FleetResult:
+    """The fleet under some roots: one row per run, the findings of each run, and the
+    fleet's own findings (``suspect_host``)."""
+
+    runs: list[dict[str, Any]]
+    findings: list[dict[str, Any]]
+    ranks: list[dict[str, Any]]
+    fleet_findings: list[dict[str, Any]]
+    index: Path
+    engine: str
+    analysed: int = 0
+    """Runs analysed by this command (new, changed, or running and gone stale)."""
+    reused: int = 0
+    """Runs whose row came from the index unchanged."""
+    removed: int = 0
+    """Rows dropped from the index: runs that no longer exist under the roots."""
+    elapsed_s: float = 0.0
+    roots: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        from ..diagnosis.summary import clean_json
+
+        return clean_json({
+            "schema_version": FLEET_JSON_VERSION, "roots": self.roots,
+            "index": str(self.index), "engine": self.engine, "analysed": self.analysed,
+            "reused": self.reused, "removed": self.removed, "runs": self.runs,
+            "fleet_findings": self.fleet_findings,
+        })
+
+
+def needs_analysis(row: dict[str, Any] | None, ref: RunRef, version: str, now: float) -> bool:
+    """A run is analysed again when it is new, its files changed (fingerprint), the
+    analyzer changed, or it was running and its heartbeat is now stale (killed: no file
+    changes when a process dies)."""
+    if row is None or row.get("fingerprint") != ref.fingerprint or row.get("analyzer") != version:
+        return True
+    hb, stale = row.get("heartbeat"), row.get("stale_after_s")
+    return row.get("status") == "running" and hb is not None and stale is not None \
+        and now - hb > stale
+
+
+def run_fleet(roots: Sequence[str | Path], *, engine: str = "local", jobs: int | None = None,
+              index: str | Path | None = None, spark_master: str | None = None,
+              progress: engines.Progress | None = None) -> FleetResult:
+    """Analyse the fleet under ``roots`` (directories, globs, object-store prefixes) and
+    update its index (default :func:`.index.default_index`). RunDirError for a root that
+    does not exist; ConfigError for a bad engine or jobs."""
+    if engine not in ("local", "spark"):
+        raise ConfigError(f"unknown engine {engine!r} (local or spark)")
+    if jobs is not None and jobs < 1:
+        raise ConfigError(f"--jobs must be ≥ 1, got {jobs}")
+    t0 = time.perf_counter()
+    roots = [str(r) for r in roots]
+    if not roots:
+        raise ConfigError("no fleet root given")
+    refs = discover(roots)
+    idx = Index(index if index is not None else default_index(roots))
+    have = {r["path"]: r for r in idx.rows("runs")}
+    version, now = analyzer_version(), time.time()
+    todo = [r for r in refs if needs_analysis(have.get(r.path), r, version, now)]
+    results = engines.run(engine, todo, jobs=jobs, spark_master=spark_master,
+                          progress=progress) if todo else []
+    found = {r.path for r in refs}
+    removed = sum(1 for p in have if p not in found and under(p, roots))
+    if results or removed or not idx.exists():
+        tables = idx.merge(results, roots, found)
+    else:  # nothing changed: the index is current, nothing is written
+        tables = {t: idx.rows(t) for t in ("runs", "findings", "ranks")}
+    mine = {t: [r for r in rows if r["path"] in found] for t, rows in tables.items()}
+    return FleetResult(
+        runs=sort_worst_first(mine["runs"]), findings=mine["findings"], ranks=mine["ranks"],
+        fleet_findings=suspect_hosts(mine["ranks"]), index=idx.path, engine=engine,
+        analysed=len(results), reused=len(refs) - len(results), removed=removed,
+        elapsed_s=time.perf_counter() - t0, roots=roots)
+
+
+STATUS_ORDER = {"unreadable": 4, "crashed": 3, "killed": 2, "running": 1, "completed": 0}
+
+
+def run_severity(row: dict[str, Any]) -> str | None:
+    """The row's worst: its top finding's severity, or error for a run that cannot be read."""
+    if row.get("status") == "unreadable":
+        return "error"
+    return row.get("top_severity")
+
+
+def sort_worst_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Worst severity first, then crashed/killed before running before completed, then the
+    most recent start."""
+    return sorted(rows, key=lambda r: (-severity_rank(run_severity(r) or "info")
+                                       if run_severity(r) else 1,
+                                       -STATUS_ORDER.get(r.get("status") or "", 0),
+                                       -(r.get("started") or 0), r["path"]))
+
+
+def fails(result: FleetResult, fail_on: str) -> bool:
+    """Some run's worst finding, or a fleet finding, is at least ``fail_on``."""
+    bar = severity_rank(fail_on)
+    sev = [run_severity(r) for r in result.runs] + [f["severity"] for f in
+                                                    result.fleet_findings]
+    return any(s is not None and severity_rank(s) >= bar for s in sev)
