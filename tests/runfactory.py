@@ -258,6 +258,7 @@ def make_run(
     merged: bool = False,
     heartbeat_age_s: float = 0.0,
     run_meta: Mapping[str, Any] | None = None,
+    hosts: Mapping[int, str] | None = None,
 ) -> Path:
     """Create ``root/name`` as a complete run directory and return its path.
 
@@ -270,7 +271,8 @@ def make_run(
     name)`` may return column arrays (``norm``, ``nonfinite``, ``zero_frac`` ...).
     ``status`` running/crashed/completed; ``heartbeat_age_s`` ages the heartbeat (a killed run).
     ``events`` are event rows (``rank`` defaults to 0). ``parts`` splits each table into that
-    many part files, ``merged`` writes one merged ``part-1-<parts>`` instead.
+    many part files, ``merged`` writes one merged ``part-1-<parts>`` instead. ``hosts``
+    names each rank's host (rank files; default ``testhost``).
     """
     rng = np.random.default_rng(seed)
     run_dir = Path(root) / name
@@ -408,7 +410,8 @@ def make_run(
         # a crash is the first rank's; the others finished (the run's status is still crashed)
         rank_status = "completed" if status == "crashed" and rank != rank_list[0] else status
         write_rank_json(run_dir, rank, status=rank_status, heartbeat=heartbeat,
-                        ended=None if status == "running" else heartbeat, steps=n)
+                        ended=None if status == "running" else heartbeat, steps=n,
+                        host=(hosts or {}).get(rank, "testhost"))
 
     ev_rows = [dict({"rank": 0, "time": now, "severity": "warning", "details": "{}"}, **e)
                for e in events]

@@ -100,7 +100,7 @@ def analyse_run(path: str, fingerprint: str = "") -> dict[str, Any]:
     cpu0 = time.process_time()
     base = {"path": path, "fingerprint": fingerprint, "analyzer": analyzer_version()}
     try:
-        with open_run(path) as run:
+        with open_run(path, allow_empty=True) as run:
             findings = all_findings(Analysis(run))
             strag = next((f.evidence.get("rank") for f in findings if f.id == "straggler"),
                          None)

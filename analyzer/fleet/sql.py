@@ -43,9 +43,11 @@ def _selected(idx: Index, runs_where: str | None) -> list[str]:
         lock(con)
         pred = f"({runs_where})" if runs_where else "TRUE"
         sql = f"SELECT path FROM runs WHERE status <> 'unreadable' AND {pred} ORDER BY path"
-        check_user_sql(con, sql, {"SELECT"})
         try:
+            check_user_sql(con, sql, {"SELECT"})
             return [r[0] for r in con.execute(sql).fetchall()]
+        except QueryError as e:
+            raise QueryError(f"--runs {runs_where!r}: {e}") from None
         except Exception as e:
             if type(e).__module__.lstrip("_").startswith("duckdb"):
                 raise QueryError(f"--runs {runs_where!r}: {' '.join(str(e).split())[:300]}"
