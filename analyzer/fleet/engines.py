@@ -84,8 +84,12 @@ def run_spark(refs: Sequence[RunRef], master: str | None, jobs: int | None,
     spark = SparkSession.getActiveSession()
     own = spark is None
     if own:
-        spark = (SparkSession.builder.master(master or "local[*]")
-                 .appName("tracealyze fleet").getOrCreate())
+        master = master or "local[*]"
+        builder = SparkSession.builder.master(master).appName("tracealyze fleet")
+        if master.startswith("local"):  # a batch job on this machine: no UI, no LAN
+            builder = (builder.config("spark.ui.enabled", "false")
+                       .config("spark.driver.bindAddress", "127.0.0.1"))
+        spark = builder.getOrCreate()
     try:
         sc = spark.sparkContext
         sc.addPyFile(str(package_zip()))
