@@ -245,6 +245,8 @@ def runs_under(url: str) -> dict[str, list[StoredFile]]:
     for rel in sorted((rel for rel, _ in listing if rel.split("/")[-1] == "run.json"),
                       key=lambda r: r.count("/")):
         segs = rel.split("/")[:-1]
+        if any(seg in ("", ".", "..") or "\\" in seg for seg in segs):
+            continue  # a stranger's key that would climb or fold: never a run prefix
         if "_tracealyze" not in segs and owner(segs, runs) is None:
             runs["/".join(segs)] = []
     for rel, info in listing:

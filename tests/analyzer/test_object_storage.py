@@ -193,3 +193,33 @@ def test_import_trace_into_a_url(s3: str, tmp_path: Path) -> None:
     after = {f.rel: f.mtime_ns for f in storage.list_run(loc)}
     assert all(after[rel] == t for rel, t in before.items() if rel != "run.json")
     assert any(rel.startswith("trace_events/") for rel in after)
+
+
+def test_a_fleet_under_a_bucket_prefix(s3: str, tmp_path: Path) -> None:
+    """Runs at any depth under a prefix, found by one listing; keys that are not run files,
+    and a run's own sub-prefixes, are never taken for runs; a second fleet reuses the rows
+    (kept in the local cache for a URL root); a deleted run leaves the index."""
+    from tracealyze.analyzer.fleet.fleet import run_fleet
+
+    local = tmp_path / "local"
+    make_run(local, name="a", steps=50, seed=1)
+    make_run(local / "team" / "x", name="b", steps=70, seed=2, status="crashed")
+    for name in ("a", "team/x/b"):
+        _upload(local / name, f"s3://{s3}/fleet/{name}")
+    loc = storage.locate(f"s3://{s3}/fleet")
+    with loc.fs.open_output_stream(f"{loc.root}/notes/readme.txt") as o:
+        o.write(b"not a run")
+    root = f"s3://{s3}/fleet"
+    first = run_fleet([root], jobs=1)
+    assert sorted(r["path"] for r in first.runs) == [f"{root}/a", f"{root}/team/x/b"]
+    assert {r["path"]: r["status"] for r in first.runs}[f"{root}/team/x/b"] == "crashed"
+    assert str(first.index).startswith(str(tmp_path / "cache"))
+    again = run_fleet([root], jobs=1)
+    assert (again.analysed, again.reused) == (0, 2)
+    for f in storage.list_run(storage.locate(f"{root}/a")):
+        storage.delete(storage.locate(f"{root}/a"), f.rel)
+    third = run_fleet([root], jobs=1)
+    assert [r["path"] for r in third.runs] == [f"{root}/team/x/b"] and third.removed == 1
+    res = CliRunner().invoke(main, ["query", "--fleet", root, "SELECT path, steps FROM runs",
+                                    "--format", "csv"])
+    assert res.exit_code == 0 and f"{root}/team/x/b,70" in res.output
