@@ -80,7 +80,7 @@ def make_run_of_fleet(root: Path, i: int, spec: FleetSpec) -> dict[str, Any]:
     started = time.time() - float(rng.uniform(0, spec.days * 86400))
     path = make_run(root, name=f"team{i % 7}/exp-{i:05d}", steps=steps, ranks=ranks,
                     seed=noise_seed, step_time=step_time, tensors=tensors,
-                    tensor_every=spec.tensor_every, hosts=hosts,
+                    tensor_every=spec.tensor_every, hosts=hosts, tensor_ranks=(0,),
                     duration={r: duration_of(r) for r in range(ranks)},
                     memory_every=10, run_meta={"started": started,
                                                "ended": started + steps * step_time}, **kw)

@@ -259,6 +259,7 @@ def make_run(
     heartbeat_age_s: float = 0.0,
     run_meta: Mapping[str, Any] | None = None,
     hosts: Mapping[int, str] | None = None,
+    tensor_ranks: Sequence[int] | None = None,
 ) -> Path:
     """Create ``root/name`` as a complete run directory and return its path.
 
@@ -272,7 +273,9 @@ def make_run(
     ``status`` running/crashed/completed; ``heartbeat_age_s`` ages the heartbeat (a killed run).
     ``events`` are event rows (``rank`` defaults to 0). ``parts`` splits each table into that
     many part files, ``merged`` writes one merged ``part-1-<parts>`` instead. ``hosts``
-    names each rank's host (rank files; default ``testhost``).
+    names each rank's host (rank files; default ``testhost``); ``tensor_ranks`` the ranks
+    that write tensor statistics (default all; under DDP the recorder writes them on rank 0
+    only).
     """
     rng = np.random.default_rng(seed)
     run_dir = Path(root) / name
@@ -334,7 +337,7 @@ def make_run(
 
         # tensor stats
         ts_tables = []
-        if names:
+        if names and (tensor_ranks is None or rank in tensor_ranks):
             ts_steps = step_arr[::tensor_every]
             k = len(ts_steps)
             for idx, tname in enumerate(names):
