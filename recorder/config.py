@@ -10,6 +10,8 @@ from typing import Any
 
 from tracealyze.format.vocabulary import PRESETS, Preset
 
+from .report_to import parse as report_targets
+
 __all__ = ["PRESETS", "Preset", "RecorderConfig"]
 
 
@@ -93,6 +95,10 @@ class RecorderConfig:
     """Recording to a URL: how far the uploads may fall behind (bytes written to the spool
     and not uploaded) before the writer stops adding parts; rows then wait in memory up to
     ``max_buffered_bytes`` and the oldest are dropped, counted as ``dropped_data``."""
+    report_to: str | None = None
+    """At close, attach the findings (tags, a JSON artifact) and report.html to the script's
+    MLflow run (``"mlflow"``), wandb run (``"wandb"``) or both (``"mlflow,wandb"``); rank 0
+    only. The analysis runs in a subprocess, so the analyzer must be installed."""
     upload_timeout_s: float = 60.0
     """Recording to a URL: how long ``close()`` retries the last upload before it gives up,
     keeping the spool for ``tracealyze upload``."""
@@ -148,6 +154,7 @@ class RecorderConfig:
             _check(f.name, getattr(self, f.name), hints[f.name])
         if self.flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be > 0")
+        report_targets(self.report_to)  # ValueError for an unknown target
         if min(self.queue_size, self.flush_rows, self.stats_chunk_elems,
                self.max_buffered_bytes, self.max_buffered_rows, self.max_spool_bytes) < 1:
             raise ValueError("queue_size, flush_rows, stats_chunk_elems, max_buffered_bytes, "
@@ -268,7 +275,7 @@ def unwrap_optimizer(optimizer: Any) -> Any:
 
 
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "general": ("enabled", "anomaly_mode", "handle_sigterm", "tune_malloc"),
+    "general": ("enabled", "anomaly_mode", "handle_sigterm", "tune_malloc", "report_to"),
     "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",
               "tensor_stats_every", "param_stats_every", "update_ratio_every",
               "stats_chunk_elems"),

@@ -44,6 +44,7 @@ from .lifecycle import StepLifecycle
 from .loader import TimedLoader
 from .process_hooks import ProcessHooks
 from .profiling import ProfilerSchedule
+from .report_to import Reporter
 from .rows import StepRows
 from .rundir import RunDir
 from .sampler import MemoryProbe, SystemSampler
@@ -86,8 +87,7 @@ class Recorder:
         self.model = unwrap_model(model) if model is not None else None
         self._compiled_model = model is not None and compiled(model)
         self._ddp = model is not None and wrapped_in_ddp(model)
-        # The hooks go on the torch optimizer inside a framework's wrapper (accelerate,
-        # Lightning), which every wrapper steps.
+        # Hooks go on the torch optimizer in a framework's wrapper (accelerate, Lightning)
         self.optimizer = unwrap_optimizer(optimizer) if optimizer is not None else None
         self.scaler = scaler
         self.rank, self.world_size = rank_and_world()
@@ -102,6 +102,7 @@ class Recorder:
         self._device = device_of(self._named_params)
         self._spool = Spool.of(run_dir, self.config.spool_dir, resume)  # (None: local)
         self.run_dir = self._spool.path if self._spool is not None else self.run_dir
+        self._report = Reporter.of(self.config.report_to, self.rank)  # (None: not asked)
         self._rundir = RunDir(
             self.run_dir, rank=self.rank, world_size=self.world_size, preset=preset,
             knobs=self.config.to_json(), flush_interval_s=self.config.flush_interval_s,
@@ -216,8 +217,7 @@ class Recorder:
         return lambda message, details: self.event(kind, message, severity="info", **details)
 
     def _norm_stride_changed(self, stride: int, budget: NormBudget) -> None:
-        message, details = budget.cadence_event()
-        self.event("grad_norm_cadence", message, severity="info", **details)
+        self._info("grad_norm_cadence")(*budget.cadence_event())
 
     # ------------------------------------------------------------------ public API
     def event(self, kind: str, message: str, *, severity: str = "warning",
@@ -282,6 +282,8 @@ class Recorder:
             self._rundir.lock.release()
             if self._spool is not None:  # the last upload (the spool is kept if it fails)
                 self._spool.close(self.config.upload_timeout_s)
+        if deliver and self._report is not None:  # (outside the lock: it takes seconds)
+            self._report.close(self._spool.url if self._spool else str(self.run_dir))
         if deliver:
             held.deliver(unless_exiting=True)
 

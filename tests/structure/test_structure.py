@@ -107,15 +107,16 @@ def test_format_imports_neither_torch_nor_duckdb() -> None:
 # The analyzer's layers, lowest first: a module may import its own layer and the layers
 # below it, never one above (a path says what the code is, and no arrow runs back up).
 ANALYZER_LAYERS = ["errors", "units", "sql", "stats", "gpu", "ingest", "run", "diagnosis",
-                   "report", "compare", "record", "cli"]
+                   "report", "compare", "fleet", "record", "cli"]
 """``units`` and ``errors`` are shared by all; ``sql`` is how every query is made safe;
 ``stats`` holds the robust statistics and the step-time outlier rule that detectors, charts
 and ``compare`` share;
 ``gpu`` analyses the ``trace_events`` table and holds its GPU vocabulary (which ``ingest``
 writes with); ``ingest`` turns profiler JSON into ``trace_events``; ``run`` opens run
 directories (raw traces in them through ``ingest``); ``diagnosis`` runs the detectors;
-``report`` draws a run, ``compare`` two; ``record`` and ``cli`` are the commands."""
-ANALYZER_TOP = {"__init__", "cli", "record", "errors", "units"}
+``report`` draws a run, ``compare`` two, ``fleet`` many; ``record`` and ``cli`` are the
+commands."""
+ANALYZER_TOP = {"__init__", "record", "errors", "units"}
 
 
 def _layer(mod: str) -> str | None:

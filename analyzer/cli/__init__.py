@@ -16,8 +16,8 @@ from typing import Any
 import click
 from tracealyze.format.vocabulary import PRESETS
 
-from .cli_edge import EXIT_FAIL_ON, RUN_DIR, BadInput, edge
-from .cli_fleet import fleet
+from .edge import EXIT_FAIL_ON, RUN_DIR, BadInput, edge
+from .fleet import fleet
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -48,7 +48,7 @@ def tables(run_dir: Path) -> None:
     Example:
       tracealyze tables runs/exp1
     """
-    from .run.catalog import open_run
+    from ..run.catalog import open_run
 
     with open_run(run_dir) as run:
         listing = run.tables()
@@ -101,7 +101,7 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
     if fleet_root is not None:
         if run_dirs:
             raise BadInput("give run directories or --fleet ROOT, not both")
-        from .fleet.sql import open_fleet
+        from ..fleet.sql import open_fleet
 
         opened = open_fleet(fleet_root, sql, index=index, runs_where=runs_where,
                             allow_files=allow_files)
@@ -110,11 +110,11 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
     elif runs_where is not None or index is not None:
         raise BadInput("--runs and --index go with --fleet ROOT")
     elif len(run_dirs) == 1 and not any(ch in str(run_dirs[0]) for ch in "*?["):
-        from .run.catalog import open_run
+        from ..run.catalog import open_run
 
         opened = open_run(run_dirs[0], allow_files=allow_files)
     else:  # (several runs, or a URL pattern naming runs)
-        from .run.multirun import open_runs
+        from ..run.multirun import open_runs
 
         opened = open_runs(run_dirs, allow_files=allow_files)
     with opened as runs:
@@ -130,12 +130,12 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
     elif fmt == "json":
         import json
 
-        from .sql.render import json_value
+        from ..sql.render import json_value
 
         click.echo(json.dumps([{c: json_value(v) for c, v in zip(cols, r, strict=True)}
                                for r in rows], indent=1))
     else:
-        from .sql.render import render_table
+        from ..sql.render import render_table
 
         click.echo(render_table(cols, rows))
 
@@ -165,7 +165,7 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
       tracealyze summary runs/exp1
       tracealyze summary runs/exp1 --json --fail-on error --set loss_spike.z=10
     """
-    from .diagnosis.summary import build_summary, fails, render_text
+    from ..diagnosis.summary import build_summary, fails, render_text
 
     result = build_summary(run_dir, list(overrides), config_file=config_file)
     if as_json:
@@ -194,12 +194,12 @@ def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
     Example:
       tracealyze report runs/exp1 -o exp1.html
     """
-    from .report.page import write_report
+    from ..report.page import write_report
 
     kwargs: dict[str, Any] = {"overrides": list(overrides) or None}
     if config_file is not None:
-        from .diagnosis import thresholds as config
-        from .diagnosis.detectors.base import discover
+        from ..diagnosis import thresholds as config
+        from ..diagnosis.detectors.base import discover
 
         # resolve the file here so the report gets one merged set of thresholds
         kwargs["overrides"] = config.resolve(discover()[0], list(overrides), config_file)
@@ -236,8 +236,8 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
       tracealyze import-trace prof/ runs/exp1        # every rank's trace in prof/
     """
     try:
-        from .ingest.importer import import_traces
-        from .ingest.stream import Limits
+        from ..ingest.importer import import_traces
+        from ..ingest.stream import Limits
     except ImportError as e:
         raise BadInput(f"trace import is not available in this installation ({e})") from e
     if max_ratio < 0:
@@ -251,7 +251,7 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
                        f"{getattr(info, 'events', 0):,} events, "
                        f"{time.monotonic() - started:.1f} s)", err=True)
 
-    from .run.remote import into_store  # (a URL: imported into its mirror, then uploaded)
+    from ..run.remote import into_store  # (a URL: imported into its mirror, then uploaded)
 
     skipped: list[Path] = []
 
@@ -315,7 +315,7 @@ def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
       tracealyze record --run-dir runs/exp1 -- python train.py --epochs 3
       tracealyze record -- torchrun --nproc-per-node 2 train.py
     """
-    from . import record as rec
+    from .. import record as rec
 
     knobs = rec.parse_set(sets)
     rec.check_knobs(preset, knobs)
@@ -356,10 +356,10 @@ def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
     """
     import json as json_
 
-    from .compare import runs as cmp
+    from ..compare import runs as cmp
 
     if out is not None:
-        from .compare.page import write_compare_report
+        from ..compare.page import write_compare_report
 
         path, result = write_compare_report(base, new, out, threshold=threshold)
         click.echo(f"wrote {path}", err=True)

@@ -1,5 +1,5 @@
 """The CLI's edge: library errors become one line and exit 2 here, and nowhere else; the
-run-directory parameter type. Shared by every command module (``cli``, ``cli_fleet``)."""
+run-directory parameter type. Shared by every command module of the package."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def edge(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from .errors import TracealyzeError
+        from ..errors import TracealyzeError
 
         try:
             return fn(*args, **kwargs)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .cli_edge import EXIT_FAIL_ON, edge
+from .edge import EXIT_FAIL_ON, edge
 
 
 def _progress(what: str, enabled: bool):  # type: ignore[no-untyped-def]
@@ -63,8 +63,8 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
       tracealyze fleet s3://team-bucket/runs --json --fail-on error
       tracealyze fleet /shared/runs --engine spark --spark-master spark://head:7077
     """
-    from .errors import ConfigError
-    from .fleet.fleet import fails, run_fleet
+    from ..errors import ConfigError
+    from ..fleet.fleet import fails, run_fleet
 
     if reports and out is None:
         raise ConfigError("--reports writes the reports next to the page: give -o fleet.html")
@@ -72,7 +72,7 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
     result = run_fleet(list(roots), engine=engine, jobs=jobs, index=index,
                        spark_master=spark_master, progress=_progress("analysed", show))
     if out is not None:
-        from .fleet.page import write_page, write_reports
+        from ..fleet.page import write_page, write_reports
 
         links = {}
         if reports:
@@ -86,7 +86,7 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
 
         click.echo(json.dumps(result.to_json(), indent=1))
     else:
-        from .fleet.render import render_text
+        from ..fleet.render import render_text
 
         click.echo(render_text(result))
     if fail_on and fails(result, fail_on):
