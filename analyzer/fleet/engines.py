@@ -84,8 +84,12 @@ def run_spark(refs: Sequence[RunRef], master: str | None, jobs: int | None,
     spark = SparkSession.getActiveSession()
     own = spark is None
     if own:
-        master = master or "local[*]"
-        builder = SparkSession.builder.master(master).appName("tracealyze fleet")
+        builder = SparkSession.builder.appName("tracealyze fleet")
+        if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
+            master = ""  # under spark-submit: its --master, from the session's conf
+        master = "local[*]" if master is None else master
+        if master:
+            builder = builder.master(master)
         if master.startswith("local"):  # a batch job on this machine: no UI, no LAN
             builder = (builder.config("spark.ui.enabled", "false")
                        .config("spark.driver.bindAddress", "127.0.0.1"))
