@@ -49,3 +49,27 @@ def test_record_example_runs_the_first_command(tmp_path: Path) -> None:
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert sorted(steps_by_number(tmp_path / "runs" / "plain")) == list(range(5))
+
+
+def test_fleet_example_runs_on_the_shipped_samples(tmp_path: Path) -> None:
+    import json
+    import shlex
+    import shutil
+
+    samples = README.parent / "sample_traces"
+    shutil.copytree(samples, tmp_path / "runs", ignore=shutil.ignore_patterns("report.html"))
+    lines = [ln.split("  #")[0].replace("/shared/runs", str(tmp_path / "runs"))
+             for ln in example("fleet").splitlines() if ln.strip()]
+    outs = []
+    for line in lines:
+        args = shlex.split(line)
+        assert args[0] == "tracealyze"
+        out = subprocess.run([*CLI, *args[1:]], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+        outs.append(out)
+    assert outs[0].returncode == 0, outs[0].stderr[-2000:]
+    assert (tmp_path / "fleet.html").exists() and any((tmp_path / "fleet-reports").iterdir())
+    assert outs[1].returncode == 1  # the samples hold crashed and NaN runs: the gate fails
+    assert len(json.loads(outs[1].stdout)["runs"]) == len(
+        [d for d in samples.iterdir() if (d / "run.json").exists()])
+    assert outs[2].returncode == 0 and "nonfinite" in outs[2].stdout
