@@ -294,3 +294,37 @@ def test_the_fleet_json_is_stable_for_the_ci_gate(tmp_path: Path) -> None:
         {k: v for k, v in b.items() if k not in strip}
     assert (a["analysed"], b["analysed"]) == (4, 0)
     assert os.path.isdir(a["index"])
+
+
+def _rank_rows(rng: np.random.Generator, runs: int, hosts: int,
+               slow: dict[str, float]) -> list[dict]:
+    """Index ``ranks`` rows of ``runs`` multi-host jobs (2-16 ranks, 1-8 a host), compute
+    times with 3% noise, hosts in ``slow`` that much slower."""
+    rows = []
+    for i in range(runs):
+        w = int(rng.choice([2, 4, 8, 16]))
+        per = int(rng.choice([p for p in (1, 2, 4, 8) if p <= w]))
+        chosen = rng.choice(hosts, size=max(1, w // per), replace=False)
+        for r in range(w):
+            h = f"h{int(chosen[min(r // per, len(chosen) - 1)]):02d}"
+            t = 0.1 * (1 + 0.03 * abs(rng.normal())) * (1 + slow.get(h, 0.0))
+            rows.append({"path": f"/runs/{i}", "run_id": str(i), "rank": r, "host": h,
+                         "median_step_s": t, "median_compute_s": t, "straggler": False})
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_suspect_host_has_no_false_alarm_on_alike_hosts(seed: int) -> None:
+    from tracealyze.analyzer.fleet.hosts import suspect_hosts
+
+    rng = np.random.default_rng(seed)
+    assert suspect_hosts(_rank_rows(rng, runs=400, hosts=24, slow={})) == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_suspect_host_finds_a_host_10_percent_slow_among_24(seed: int) -> None:
+    from tracealyze.analyzer.fleet.hosts import suspect_hosts
+
+    rng = np.random.default_rng(100 + seed)
+    found = suspect_hosts(_rank_rows(rng, runs=400, hosts=24, slow={"h05": 0.10}))
+    assert [f["subject"] for f in found] == ["h05"]
