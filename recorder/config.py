@@ -10,7 +10,7 @@ from typing import Any
 
 from tracealyze.format.vocabulary import PRESETS, Preset
 
-from .report_to import parse as report_targets
+REPORT_TARGETS = ("mlflow", "wandb")
 
 __all__ = ["PRESETS", "Preset", "RecorderConfig"]
 
@@ -183,6 +183,18 @@ class RecorderConfig:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def report_targets(value: str | None) -> tuple[str, ...]:
+    """``"mlflow"``, ``"wandb"`` or ``"mlflow,wandb"`` -> the targets; ValueError else."""
+    if value is None:
+        return ()
+    names = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
+    bad = [n for n in names if n not in REPORT_TARGETS]
+    if bad or not names:
+        raise ValueError(f"report_to must be 'mlflow', 'wandb' or 'mlflow,wandb', got "
+                         f"{value!r}")
+    return names
 
 
 def _check(name: str, value: Any, hint: Any) -> None:

@@ -19,20 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("mlflow", "wandb")
+from .config import report_targets as parse
+
 _CLI = [sys.executable, "-c", "from tracealyze.analyzer.cli import main; main()"]
-
-
-def parse(value: str | None) -> tuple[str, ...]:
-    """``"mlflow"``, ``"wandb"`` or ``"mlflow,wandb"`` -> the targets; ValueError else."""
-    if value is None:
-        return ()
-    names = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
-    bad = [n for n in names if n not in TARGETS]
-    if bad or not names:
-        raise ValueError(f"report_to must be 'mlflow', 'wandb' or 'mlflow,wandb', got "
-                         f"{value!r}")
-    return names
 
 
 def tags_of(summary: dict[str, Any]) -> dict[str, str]:

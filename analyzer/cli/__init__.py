@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from tracealyze.format.vocabulary import PRESETS
 
 from .edge import EXIT_FAIL_ON, RUN_DIR, BadInput, edge
 from .fleet import fleet
+from .recording import record, upload
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -153,9 +153,13 @@ _CONFIG_HELP = "Thresholds file (TOML: [detector] tables, or JSON)."
 @click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help=_CONFIG_HELP)
+@click.option("--watch", is_flag=True, help="Follow a live run: say each new finding as "
+              "it appears; stop when the run ends, or at once when --fail-on is reached.")
+@click.option("--interval", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+              help="With --watch: seconds between looks.")
 @edge
 def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[str, ...],
-            config_file: Path | None) -> None:
+            config_file: Path | None, watch: bool, interval: float) -> None:
     """Say what went wrong in a run: ranked findings with evidence and advice.
 
     Exit code 1 when --fail-on is given and a finding reaches that severity.
@@ -164,10 +168,22 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
     Example:
       tracealyze summary runs/exp1
       tracealyze summary runs/exp1 --json --fail-on error --set loss_spike.z=10
+      tracealyze summary runs/live --watch --fail-on error   # exit 1 at the first error
     """
     from ..diagnosis.summary import build_summary, fails, render_text
 
-    result = build_summary(run_dir, list(overrides), config_file=config_file)
+    if watch:
+        from ..report.watch import watch_summary
+
+        try:
+            result, _ = watch_summary(run_dir, fail_on=fail_on, interval_s=interval,
+                                      say=(lambda t: click.echo(t, err=True)) if as_json
+                                      else click.echo, note=lambda t: click.echo(t, err=True),
+                                      overrides=list(overrides), config_file=config_file)
+        except KeyboardInterrupt:
+            sys.exit(130)
+    else:
+        result = build_summary(run_dir, list(overrides), config_file=config_file)
     if as_json:
         import json
 
@@ -185,14 +201,18 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
 @click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help=_CONFIG_HELP)
+@click.option("--watch", type=click.FloatRange(min=1), is_flag=False, flag_value=10.0,
+              default=None, metavar="[SECONDS]", help="Rewrite the report every SECONDS "
+              "(10) while the run is alive (the page reloads itself); stop when it ends.")
 @edge
 def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
-           config_file: Path | None) -> None:
+           config_file: Path | None, watch: float | None) -> None:
     """Write a self-contained offline HTML report of the run and print its path.
 
     \b
     Example:
       tracealyze report runs/exp1 -o exp1.html
+      tracealyze report runs/live --watch 30
     """
     from ..report.page import write_report
 
@@ -203,7 +223,16 @@ def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
 
         # resolve the file here so the report gets one merged set of thresholds
         kwargs["overrides"] = config.resolve(discover()[0], list(overrides), config_file)
-    path = write_report(run_dir, out, progress=sys.stderr.isatty(), **kwargs)
+    if watch is not None:
+        from ..report.watch import watch_report
+
+        try:
+            path = watch_report(run_dir, out, interval_s=watch, overrides=kwargs["overrides"],
+                                note=lambda t: click.echo(t, err=True))
+        except KeyboardInterrupt:
+            sys.exit(130)
+    else:
+        path = write_report(run_dir, out, progress=sys.stderr.isatty(), **kwargs)
     click.echo(str(path))
 
 
@@ -272,65 +301,6 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
 
 
 @main.command()
-@click.argument("spool", type=click.Path(path_type=Path, exists=True, file_okay=False))
-@click.option("--timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
-              help="Seconds to keep retrying a store that refuses.")
-@edge
-def upload(spool: Path, timeout: float) -> None:
-    """Upload (then delete) the spool of a run recorded to a URL whose process died before
-    its last upload; the spool names its URL.
-
-    \b
-    Example:
-      tracealyze upload /tmp/tracealyze-spool/5f0c2a...
-    """
-    from tracealyze.format.spool import remove_spool, upload_spool
-    try:
-        url, sent = upload_spool(spool, timeout)
-    except ValueError as e:
-        raise BadInput(str(e)) from e
-    remove_spool(spool)
-    click.echo(f"uploaded {sent:,} bytes to {url}")
-
-
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--run-dir", type=RUN_DIR, default=None,
-              help="Where to write (default runs/<script>-<date-time>).")
-@click.option("--preset", type=click.Choice(PRESETS),
-              default="standard", show_default=True, help="Recorder preset.")
-@click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE",
-              help="Override a recorder knob (repeatable), e.g. --set grad_norm_every=10.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-@edge
-def record(run_dir: Path | None, preset: str, sets: tuple[str, ...],
-           command: tuple[str, ...]) -> None:
-    """Run an unmodified training COMMAND under the recorder.
-
-    Finds the model and optimizer by itself (transformers and Lightning Trainers get their
-    callback), records every optimizer step, passes signals on, and exits with the
-    command's exit code. Works under torchrun (one run directory, one folder per rank).
-
-    \b
-    Example:
-      tracealyze record --run-dir runs/exp1 -- python train.py --epochs 3
-      tracealyze record -- torchrun --nproc-per-node 2 train.py
-    """
-    from .. import record as rec
-
-    knobs = rec.parse_set(sets)
-    rec.check_knobs(preset, knobs)
-    rec.check_command(command)
-    target = run_dir if run_dir is not None else rec.default_run_dir(command)
-    code = rec.record(command, run_dir=target, preset=preset, knobs=knobs)
-    recorded = rec.recorded_in(target)
-    click.echo(f"tracealyze: {'recorded ' + str(target) if recorded else 'nothing recorded'}"
-               f" (exit code {code})" + ("" if recorded else
-                                         ": no optimizer stepped in the command, or the "
-                                         "recorder could not start (see above)"), err=True)
-    sys.exit(code)
-
-
-@main.command()
 @click.argument("base", type=RUN_DIR)
 @click.argument("new", type=RUN_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
@@ -371,8 +341,8 @@ def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
         sys.exit(EXIT_FAIL_ON)
 
 
+for _command in (fleet, record, upload):
+    main.add_command(_command)
+
 if __name__ == "__main__":  # pragma: no cover (after every command is registered)
     main()
-
-
-main.add_command(fleet)

@@ -251,21 +251,23 @@ def _csp_hash(script: str) -> str:
 
 
 def write_report(run_dir: Path | str, out: Path | None = None, *, overrides: Any = None,
-                 progress: bool = True) -> Path | str:
+                 progress: bool = True, live_refresh_s: float | None = None) -> Path | str:
     """Write the HTML report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``) and
     return where it went. Raises RunDirError for a bad run directory, ReportError otherwise;
     a progress bar goes to stderr when it takes more than a second (``progress``).
 
     ``run_dir`` may be a URL (``s3://...``): the report is built from the run's local
     mirror and, without ``out``, written next to the data (``URL/report.html``); a store
-    that refuses the write is a ReportError that says to give ``out``."""
+    that refuses the write is a ReportError that says to give ``out``. ``live_refresh_s``:
+    the page says it is live (the time of this update) and reloads itself that often
+    (``report --watch``)."""
     from tracealyze.format.storage import is_url
 
     url = str(run_dir) if is_url(str(run_dir)) else None
     bar = Progress(total=STEPS, enabled=progress)
     try:
         path = _write_report(url or Path(run_dir), Path(out) if out is not None else None,
-                             overrides, bar)
+                             overrides, bar, live_refresh_s)
     finally:
         bar.finish()
     if url is None or out is not None:
@@ -287,8 +289,8 @@ def _upload_report(url: str, path: Path) -> str:
     return url.rstrip("/") + "/report.html"
 
 
-def _write_report(run_dir: Path | str, out: Path | None, overrides: Any, bar: Progress
-                  ) -> Path:
+def _write_report(run_dir: Path | str, out: Path | None, overrides: Any, bar: Progress,
+                  live_refresh_s: float | None = None) -> Path:
     run = _open_run(run_dir)  # (a URL: its local mirror, where the report goes by default)
     out = out if out is not None else run.run_dir / "report.html"
     try:
@@ -303,6 +305,9 @@ def _write_report(run_dir: Path | str, out: Path | None, overrides: Any, bar: Pr
                           f"{type(exc).__name__}: {exc}") from exc
     finally:
         run.close()
+    if live_refresh_s:
+        model["live"] = {"refresh_s": max(1, round(live_refresh_s)),
+                         "updated": time.strftime("%H:%M:%S")}
     html = render(model)
     bar.step("rendered")
     write_atomic(out, html)
