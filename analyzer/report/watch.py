@@ -29,17 +29,19 @@ def _snapshot(run_dir: Path | str, overrides: Any, config_file: Any
     """(summary, in progress) of the run now; None while it has no run.json yet."""
     from tracealyze.format.storage import is_url
 
-    local = not is_url(str(run_dir))
-    if local and Path(run_dir).is_dir() and not (Path(run_dir) / "run.json").exists():
-        return None
+    if not is_url(str(run_dir)) and not (Path(run_dir) / "run.json").exists():
+        return None  # (its folder may not exist yet either)
     with open_run(run_dir, allow_empty=True) as run:
         return summary_of(Analysis(run, overrides, config_file=config_file)), run.in_progress
 
 
 def _first_wait(run_dir: Path | str) -> None:
+    """RunDirError unless the run's folder, or the folder it will be made in, exists (a
+    watcher may start before the training makes its run directory)."""
     from tracealyze.format.storage import is_url
 
-    if not is_url(str(run_dir)) and not Path(run_dir).is_dir():
+    if not is_url(str(run_dir)) and not Path(run_dir).is_dir() \
+            and not Path(run_dir).absolute().parent.is_dir():
         raise RunDirError(f"no such directory: {run_dir}")
 
 
