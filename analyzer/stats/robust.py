@@ -56,7 +56,9 @@ def nanmedian(a: np.ndarray, axis: int) -> np.ndarray:
     n = np.sum(~np.isnan(a), axis=axis, keepdims=True)
     lo = np.take_along_axis(s, np.maximum(n - 1, 0) // 2, axis=axis)
     hi = np.take_along_axis(s, np.maximum(n, 1) // 2 - (n == 0), axis=axis)
-    out = np.squeeze(0.5 * (lo + hi), axis=axis)
+    with np.errstate(over="ignore", invalid="ignore"):  # (as numpy's mean of the two)
+        mid = np.where(lo == hi, lo, 0.5 * (lo + hi))
+    out = np.squeeze(mid, axis=axis)
     return np.where(np.squeeze(n, axis=axis) == 0, np.nan, out)
 
 
