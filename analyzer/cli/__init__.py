@@ -111,8 +111,10 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
         raise BadInput("--runs and --index go with --fleet ROOT")
     elif len(run_dirs) == 1 and not any(ch in str(run_dirs[0]) for ch in "*?["):
         from ..run.catalog import open_run
+        from ..sql.schema import tables_named
 
-        opened = open_run(run_dirs[0], allow_files=allow_files)
+        opened = open_run(run_dirs[0], allow_files=allow_files,  # (a URL: fetch what it reads)
+                          tables=tables_named(sql) if isinstance(run_dirs[0], str) else None)
     else:  # (several runs, or a URL pattern naming runs)
         from ..run.multirun import open_runs
 

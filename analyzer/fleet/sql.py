@@ -58,16 +58,11 @@ def _selected(idx: Index, runs_where: str | None) -> list[str]:
 
 
 def _names(sql: str) -> set[str]:
-    """The tables ``sql`` names (DuckDB's parser); every run table when it cannot tell."""
-    import duckdb
+    """The tables ``sql`` names; every run table when it cannot tell."""
+    from ..sql.schema import tables_named
 
-    con = duckdb.connect(":memory:")
-    try:
-        return {n.rsplit(".", 1)[-1] for n in con.get_table_names(sql)}
-    except duckdb.Error:
-        return set(TABLE_NAMES)
-    finally:
-        con.close()
+    named = tables_named(sql, frozenset(VIEW_OF))
+    return set(TABLE_NAMES) if named is None else named
 
 
 def open_fleet(root: str | Path, sql: str, *, index: str | Path | None = None,

@@ -58,19 +58,21 @@ def _read_json(path: Path, fields: dict[str, tuple[type, ...]] = RUN_FIELDS,
 # ---------------------------------------------------------------------- discovery
 
 
-def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool = False
-             ) -> Run:
+def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool = False,
+             tables: set[str] | None = None) -> Run:
     """Open ``path`` read-only and build the views. Raises RunDirError / SchemaVersionError.
 
     ``allow_empty``: accept a run with no readable data part at all (by default it is an
     error: there is nothing to analyse). ``path`` may be a URL (``s3://``, ``gs://``,
     ``az://``, ``file://``): the run is read through a local mirror (:mod:`.remote`). The
     connection reads only files under ``path``
-    unless ``allow_files`` (``query --allow-files``): sqlsafe.sandbox.
+    unless ``allow_files`` (``query --allow-files``): sqlsafe.sandbox. ``tables``: a URL's
+    mirror fetches only these tables' files (the others read as empty: ``query``).
     """
     url = str(path) if is_url(str(path)) else None
     if url is not None:  # a run in object storage: read through its local mirror
-        path = mirror(url)
+        path = mirror(url, tables=tables)
+        allow_empty = allow_empty or tables is not None
     run, con = _scan_and_connect(path, allow_empty, allow_files)
     run.url = url
 

@@ -30,6 +30,7 @@ from tracealyze.format.storage import (
     list_run,
     local_files,
     locate,
+    run_file,
 )
 
 from ..errors import RunDirError, one_line
@@ -49,9 +50,22 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "tracealyze" / "runs"
 
 
-def mirror(url: str, root: Path | None = None) -> Path:
+def _wanted(rel: str, tables: set[str] | None) -> bool:
+    """Whether the file ``rel`` is needed to read ``tables`` (None: all of the run)."""
+    kind = run_file(rel)
+    if tables is None or kind in ("meta", "rank_meta"):
+        return True
+    if kind == "trace":
+        return "trace_events" in tables
+    return rel.split("/", 1)[0] in tables
+
+
+def mirror(url: str, root: Path | None = None, tables: set[str] | None = None) -> Path:
     """The local mirror of the run at ``url``, brought up to date. RunDirError (one line)
-    when the URL cannot be used, the store refuses or the prefix holds no run."""
+    when the URL cannot be used, the store refuses or the prefix holds no run.
+
+    ``tables``: fetch only the parts of these tables (and the metadata): ``query`` fetches
+    what its SQL names; the other tables' files wait for a command that needs them."""
     try:
         loc = locate(url)
         files = list_run(loc)
@@ -63,13 +77,16 @@ def mirror(url: str, root: Path | None = None) -> Path:
     try:
         dest.mkdir(parents=True, exist_ok=True)
         old = _manifest(dest)
-        stale = [f for f in files
-                 if old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file()]
+        stale = [f for f in files if _wanted(f.rel, tables) and (
+            old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file())]
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
             list(pool.map(lambda f: fetch(loc, f, dest), stale))
         _prune(dest, {f.rel for f in files})
-        (dest / MANIFEST).write_text(json.dumps(
-            {"url": loc.url, "files": {f.rel: [f.size, f.mtime_ns] for f in files}}))
+        now = {f.rel: [f.size, f.mtime_ns] for f in files}
+        fetched = {f.rel for f in stale}
+        held = {rel: st for rel, st in now.items() if (dest / rel).is_file()
+                and (old.get(rel) == st or rel in fetched)}
+        (dest / MANIFEST).write_text(json.dumps({"url": loc.url, "files": held}))
     except OSError as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
     return dest

@@ -18,6 +18,29 @@ TABLE_NAMES: tuple[str, ...] = _fmt.TABLE_NAMES
 DUCKDB_TYPES: dict[str, str] = _fmt.DUCKDB_TYPES
 
 
+DERIVED: dict[str, str] = {"grads": "tensor_stats", "steps_shards": "steps",
+                           "tensor_stats_shards": "tensor_stats"}
+"""Views built from another table's files."""
+
+
+def tables_named(sql: str, other_views: frozenset[str] = frozenset()) -> set[str] | None:
+    """The run tables whose files ``sql`` reads (DuckDB's own parser; derived views map
+    to their table; ``other_views`` are views that are not run tables, left out), or None
+    when it cannot tell or names something else (then every table is read, and the
+    query's own error, if any, is the one the user sees)."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    try:
+        names = {n.rsplit(".", 1)[-1] for n in con.get_table_names(sql)}
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
+    out = {DERIVED.get(n, n) for n in names - other_views}
+    return out if out <= set(TABLE_NAMES) else None
+
+
 def columns(table: str) -> list[str]:
     """Column names of ``table`` in view order."""
     return [name for name, _ in TABLES[table]]

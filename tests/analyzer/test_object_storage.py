@@ -223,3 +223,24 @@ def test_a_fleet_under_a_bucket_prefix(s3: str, tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["query", "--fleet", root, "SELECT path, steps FROM runs",
                                     "--format", "csv"])
     assert res.exit_code == 0 and f"{root}/team/x/b,70" in res.output
+
+
+def test_query_fetches_only_the_tables_its_sql_reads(s3: str, tmp_path: Path) -> None:
+    local = make_run(tmp_path, name="r", steps=300, tensors=40, metrics={"acc": 0.5})
+    url = f"s3://{s3}/runs/sel"
+    _upload(local, url)
+    cache = tmp_path / "cache"
+
+    def mirrored(table: str) -> int:
+        return sum(1 for p in cache.rglob(f"{table}/rank=*/*.parquet"))
+
+    res = CliRunner().invoke(main, ["query", url, "SELECT count(*) AS n FROM steps",
+                                    "--format", "csv"])
+    assert res.exit_code == 0 and res.output.splitlines()[-1] == "300", res.output
+    assert mirrored("steps") >= 1 and mirrored("tensor_stats") == 0 and mirrored("memory") == 0
+    res = CliRunner().invoke(main, ["query", url, "SELECT count(DISTINCT name) FROM grads",
+                                    "--format", "csv"])
+    assert res.output.splitlines()[-1] == "40" and mirrored("tensor_stats") >= 1
+    # a command that reads everything then fetches the rest, and answers as the local run
+    assert _summary(url)["findings"] == _summary(str(local))["findings"]
+    assert mirrored("memory") >= 1
