@@ -23,6 +23,8 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("data_wait_s", "float64"), ("loss", "float64"), ("lr", "float64"),
         ("grad_norm", "float64"), ("nonfinite_grads", "int32"), ("loss_scale", "float64"),
         ("amp_skipped", "bool"), ("grad_clip_max", "float64"), ("compute_s", "float64"),
+        ("samples_per_s", "float64"), ("tokens_per_s", "float64"), ("flops", "float64"),
+        ("mfu", "float64"),
     ),
     "tensor_stats": (
         ("rank", "int32"), ("step", "int64"), ("name", "dict32"), ("kind", "dict8"),

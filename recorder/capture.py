@@ -63,6 +63,10 @@ class StepAccum:
     ended: float | None = None  # wall time of the rec.step() that closed it
     duration_s: float | None = None
     act_seq: int = 0
+    samples: int | None = None  # batch sizes of the micro-batches that arrived (shapes)
+    tokens: int | None = None  # their token positions; user_tokens: rec.step(tokens=)
+    user_tokens: int | None = None
+    flops: float | None = None  # model FLOPs (throughput.FlopMeter)
     # Module outputs awaiting their NaN/Inf probe (name, numel, seq, the output itself, its
     # in-place version then), all probed at once when the forward pass ends; then blocks of
     # (names, numels, seqs, late flags, device vector) per forward pass, joined at commit.
@@ -81,6 +85,9 @@ class StepAccum:
         self.act_stats.extend(extra.act_stats)
         self.metrics.update(extra.metrics)
         self.data_wait_s += extra.data_wait_s
+        for name in ("samples", "tokens", "user_tokens"):
+            if getattr(extra, name) is not None:
+                setattr(self, name, (getattr(self, name) or 0) + getattr(extra, name))
         if self.data_ready is None:
             self.data_ready = extra.data_ready
         if extra.grad_ready is not None:
@@ -230,3 +237,28 @@ def exception_row(exc: BaseException, step: int | None, probe: Any) -> dict:
             pass
     return event_row(step, "exception", f"{type(exc).__name__}: {exc}", severity="critical",
                      subject=subject, stack=stack, details=details)
+
+
+@dataclass
+class StepItem:
+    """A committed step on its way to the writer thread (rows made by :mod:`.rows`)."""
+
+    step: int
+    time: float
+    duration_s: float | None
+    data_wait_s: float | None
+    floats: dict[str, list[float]]
+    metrics: dict[str, float]
+    pieces: list[Piece]
+    host: torch.Tensor | list[torch.Tensor] | None  # see pack()
+    event: Any
+    scaler: bool
+    memory: bool
+    rss: int | None  # read on the training thread at commit (belongs to this step)
+    store_grad_norms: bool = True
+    compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
+    heap: int | None = None  # malloc'd bytes in use, read with rss
+    samples_per_s: float | None = None  # throughput.py (shapes of the step's batches)
+    tokens_per_s: float | None = None
+    flops: float | None = None
+    mfu: float | None = None

@@ -95,6 +95,10 @@ class RecorderConfig:
     """Recording to a URL: how far the uploads may fall behind (bytes written to the spool
     and not uploaded) before the writer stops adding parts; rows then wait in memory up to
     ``max_buffered_bytes`` and the oldest are dropped, counted as ``dropped_data``."""
+    peak_flops: float | None = None
+    """Peak FLOP/s of one device, for MFU (model FLOPs / step time / this). None: the
+    built-in table for A100, H100, H200 and MI300X at the counted step's precision; on
+    other devices (and CPUs) MFU is left out unless this is given."""
     report_to: str | None = None
     """At close, attach the findings (tags, a JSON artifact) and report.html to the script's
     MLflow run (``"mlflow"``), wandb run (``"wandb"``) or both (``"mlflow,wandb"``); rank 0
@@ -287,7 +291,8 @@ def unwrap_optimizer(optimizer: Any) -> Any:
 
 
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "general": ("enabled", "anomaly_mode", "handle_sigterm", "tune_malloc", "report_to"),
+    "general": ("enabled", "anomaly_mode", "handle_sigterm", "tune_malloc", "report_to",
+                "peak_flops"),
     "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",
               "tensor_stats_every", "param_stats_every", "update_ratio_every",
               "stats_chunk_elems"),

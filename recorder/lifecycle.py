@@ -22,7 +22,7 @@ one in its constructor from the parts it wires (the gradient reader, the writer,
 probe, the run directory) and forwards its public lifecycle calls and the optimizer, scaler
 and clipping hooks to it. The open and the pending step live in its
 :class:`~.stepstate.StepMachine`; the committed step leaves it as a
-:class:`~.rows.StepItem` (plain data) for the writer.
+:class:`~.capture.StepItem` (plain data) for the writer.
 """
 
 from __future__ import annotations
@@ -35,17 +35,17 @@ from typing import Any
 
 from .activations import ActivationCapture, join_pieces
 from .amp import ScalerHook
-from .capture import Piece, StepAccum, pack, watchable
+from .capture import Piece, StepAccum, StepItem, pack, watchable
 from .config import RecorderConfig
 from .gradients import GradReader, due
 from .guard import Guard
 from .hooks import is_compiling
 from .loader import batch_size_of
 from .profiling import ProfilerSchedule
-from .rows import StepItem
 from .rundir import RunDir
 from .sampler import MemoryProbe
 from .stepstate import StepMachine
+from .throughput import FlopMeter, tokens_of
 from .writer import Writer
 
 
@@ -87,16 +87,17 @@ class StepLifecycle:
         self.act: ActivationCapture | None = None
         self.amp: ScalerHook | None = None
         self.profiler: ProfilerSchedule | None = None
+        self.flops: FlopMeter | None = None
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
-             **metrics: Any) -> None:
+             tokens: int | None = None, **metrics: Any) -> None:
         """End one recorded step (``rec.step()``): see :class:`~.recorder.Recorder`."""
         if self.closed or is_compiling():
             return
         if not self._training_thread():
             self._guard("step", self._side_values, loss, metrics)
             return
-        self._guard("step", self._step_ended, loss, step, lr, metrics)
+        self._guard("step", self._step_ended, loss, step, lr, metrics, tokens)
 
     def watch(self, name: str, tensor: Any) -> None:
         """``rec.watch``: statistics of any tensor at the open step (kind ``watch``)."""
@@ -146,9 +147,19 @@ class StepLifecycle:
                 acc.waited = True
                 if acc.data_ready is None:
                     acc.data_ready = time.perf_counter()
+            if batch is not None:  # (shapes only: throughput)
+                self._guard("batch shape", self._count_batch, acc, batch)
             if batch is not None and not self._batch_noted:
                 self._batch_noted = True
                 self._guard("batch size", self._note_batch, batch)
+
+    @staticmethod
+    def _count_batch(acc: StepAccum, batch: Any) -> None:
+        n, t = batch_size_of(batch), tokens_of(batch)
+        if n is not None:
+            acc.samples = (acc.samples or 0) + n
+        if t is not None:
+            acc.tokens = (acc.tokens or 0) + t
 
     def _note_batch(self, batch: Any) -> None:
         """run.json's (and this rank's file's) ``data.batch_size``: written with the next
@@ -183,7 +194,7 @@ class StepLifecycle:
         return self._steps.open
 
     def _step_ended(self, loss: Any, step: int | None, lr: Any,
-                    metrics: dict[str, Any]) -> None:
+                    metrics: dict[str, Any], tokens: int | None = None) -> None:
         with self._lock:
             now = time.time()
             acc = self._steps.values_step()
@@ -206,6 +217,10 @@ class StepLifecycle:
             acc.ended = now
             acc.duration_s = now - self._last_end
             self._last_end = now
+            if tokens is not None:
+                acc.user_tokens = (acc.user_tokens or 0) + int(tokens)
+            if self.flops is not None:  # (ends this step's count, may start the next's)
+                acc.flops = self.flops.ended(acc.samples, self._tokens(acc))
             # Complete when its gradients were read; without an optimizer they are read
             # here. With one that has not stepped yet (rec.step() before opt.step()), its
             # hooks attach the gradients (and update ratios), then the step commits.
@@ -315,6 +330,12 @@ class StepLifecycle:
             self.commit(pending)
         if self.profiler is not None:
             self.profiler.stop()
+        if self.flops is not None:
+            self.flops.close()
+
+    @staticmethod
+    def _tokens(acc: StepAccum) -> int | None:
+        return acc.user_tokens if acc.user_tokens is not None else acc.tokens
 
     def commit(self, acc: StepAccum) -> None:
         if self.act is not None and not self.act.traced:
@@ -332,6 +353,7 @@ class StepLifecycle:
             heap=self._probe.heap() if memory else None,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc),
+            **_rates(acc, self._tokens(acc), self.flops),
         )
         self.next_step = acc.step + 1
         self._rundir.step_committed()
@@ -347,3 +369,12 @@ def _compute_s(acc: StepAccum) -> float | None:
         return None
     start = acc.data_ready if acc.data_ready is not None else acc.opened
     return acc.grad_ready - start if acc.grad_ready > start else None
+
+
+def _rates(acc: StepAccum, tokens: int | None, meter: FlopMeter | None) -> dict[str, Any]:
+    """Throughput and MFU of a step from its duration (None where unknown)."""
+    d = acc.duration_s if acc.duration_s and acc.duration_s > 0 else None
+    return {"samples_per_s": acc.samples / d if d and acc.samples else None,
+            "tokens_per_s": tokens / d if d and tokens else None,
+            "flops": acc.flops,
+            "mfu": meter.mfu(acc.flops, d) if meter is not None else None}

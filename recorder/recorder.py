@@ -50,6 +50,7 @@ from .rundir import RunDir
 from .sampler import MemoryProbe, SystemSampler
 from .stats import FullStats
 from .structure import StructureProbe
+from .throughput import FlopMeter
 from .writer import Writer, merge_parts
 
 _SEVERITIES = ("info", "warning", "error", "critical")
@@ -65,8 +66,7 @@ class Recorder:
     ...         rec.step(loss=loss)
 
     The step lifecycle (``data_wait_ended``, ``gradients_ready``, ``optimizer_stepped``,
-    ``step_ended``) is documented in :mod:`.lifecycle`.
-    """
+    ``step_ended``) is documented in :mod:`.lifecycle`."""
 
     def __init__(
         self,
@@ -192,7 +192,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ construction
     def _install_hooks(self) -> None:
-        life = self._life
+        life, cfg = self._life, self.config
         assert life is not None
         opt = self.optimizer
         if opt is not None:
@@ -206,7 +206,7 @@ class Recorder:
             self._handles += watch_compute(self._named_params, life.grad_landed)
         if self.model is not None and not self._compiled_model:  # (one forward pass)
             self._handles.append(StructureProbe(self.model, self._info("model_structure")))
-        cfg = self.config
+            life.flops = FlopMeter(self.model, cfg.peak_flops, self._info("flops_counted"))
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             life.act = ActivationCapture(self.model, cfg, self._full, lambda: life.acc,
                                          self._guard, compiled=self._compiled_model)
@@ -308,18 +308,18 @@ class Recorder:
 
     # ------------------------------------- step lifecycle (forwarded; no-op when disabled)
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
-             **metrics: Any) -> None:
+             tokens: int | None = None, **metrics: Any) -> None:
         """End one recorded step (lifecycle 4). Values may be Python numbers or tensors on
         any device; tensors are read later, without a host-device sync. ``lr`` defaults to
-        the optimizer's first param group. From a thread other than the training thread,
-        the values join the open step as metrics."""
+        the optimizer's first param group; ``tokens``: the step's real token count (else
+        the batches' token positions). From a thread other than the training thread, the
+        values join the open step as metrics."""
         if self._life is not None:
-            self._life.step(loss, step=step, lr=lr, **metrics)
+            self._life.step(loss, step=step, lr=lr, tokens=tokens, **metrics)
 
-    def step_ended(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
-                   **metrics: Any) -> None:
+    def step_ended(self, loss: Any = None, **kw: Any) -> None:
         """Lifecycle 4: the step is over. Same as :meth:`step`."""
-        self.step(loss, step=step, lr=lr, **metrics)
+        self.step(loss, **kw)
 
     def data_wait_ended(self, seconds: float, batch: Any = None) -> None:
         """Lifecycle 1: the open step waited ``seconds`` for its data (added up over

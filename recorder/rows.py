@@ -13,16 +13,16 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .buffers import Codes
+from .capture import StepItem
 from .schema import STAT_COLUMNS
+from .throughput import throughput_columns
 
 if TYPE_CHECKING:
-    import torch
 
     from .capture import Piece
 
@@ -195,6 +195,7 @@ def _rows(run: Sequence[StepItem], ctx: StepRows) -> _Out:
         "grad_clip_max": _last(run, "grad_clip", None),
         "compute_s": ([it.compute_s for it in run]
                       if any(it.compute_s is not None for it in run) else None),
+        **throughput_columns(run),
     }))
     _metric_rows(out, run, steps, tmetrics)
     if ctx.probe is not None:
@@ -375,24 +376,3 @@ def _arange(n: int) -> np.ndarray:
 def _tiled(k: int, n: int) -> np.ndarray:
     """Codes 0..k-1 repeated for n steps (row-major: step by step)."""
     return np.tile(_arange(k), n)
-
-
-@dataclass
-class StepItem:
-    """A committed step on its way to the writer thread (rows made by :mod:`.rows`)."""
-
-    step: int
-    time: float
-    duration_s: float | None
-    data_wait_s: float | None
-    floats: dict[str, list[float]]
-    metrics: dict[str, float]
-    pieces: list[Piece]
-    host: torch.Tensor | list[torch.Tensor] | None  # see pack()
-    event: Any
-    scaler: bool
-    memory: bool
-    rss: int | None  # read on the training thread at commit (belongs to this step)
-    store_grad_norms: bool = True
-    compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
-    heap: int | None = None  # malloc'd bytes in use, read with rss

@@ -37,8 +37,9 @@ from tracealyze.format.parts import (
 )
 
 from .buffers import TableBuffer
+from .capture import StepItem
 from .guard import Guard
-from .rows import StepItem, StepRows
+from .rows import StepRows
 from .schema import TABLES
 
 SELF_REPORTED = frozenset({"step_values", "run_dir_deleted"})
@@ -124,9 +125,8 @@ class Writer:
         self._dir_ident = _dir_ident(run_dir)  # (device, inode): a new one = recreated
         self.on_flush = on_flush
         self.room: Callable[[], bool] | None = None  # False: the spool's uploads are stuck
-        # A deque, not queue.Queue: append/popleft are atomic under the GIL, so submit()
-        # takes no lock. (A SIGTERM handler that closes the recorder can then never deadlock
-        # on a queue mutex the interrupted training thread was holding.)
+        # A deque, not queue.Queue: append/popleft are atomic under the GIL, so submit() takes
+        # no lock (a SIGTERM handler closing the recorder cannot deadlock on a queue mutex).
         self.queue: collections.deque[Any] = collections.deque()
         self.queue_size = queue_size
         # When to wake. Each wake-up costs CPU that a small machine takes from training:

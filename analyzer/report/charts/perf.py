@@ -25,6 +25,7 @@ from ..figures import (
     time_unit,
 )
 from .ranks import ranks_charts
+from .throughput import throughput_chart
 
 MAX_OUTLIERS = 300
 """Slowest outlier steps marked on the step-time chart."""
@@ -34,7 +35,7 @@ OUTLIER_MADS = 6.0
 
 def perf_charts(ctx: ReportContext) -> list[Chart]:
     charts: list[Chart] = []
-    for build in (step_time_chart, memory_chart, ranks_charts, system_chart):
+    for build in (step_time_chart, throughput_chart, memory_chart, ranks_charts, system_chart):
         out = build(ctx)
         if isinstance(out, list):
             charts.extend(out)
