@@ -61,6 +61,11 @@ class Metric:
         return out
 
 
+RATES = ("samples_per_s", "tokens_per_s", "mfu")
+"""Per-step rates compared as step times are (medians of blocks of steps): higher is
+better."""
+
+
 @dataclass
 class RunData:
     """What compare needs of one run, read once."""
@@ -76,6 +81,7 @@ class RunData:
     cuda: np.ndarray
     layers: dict[str, float]
     knobs: dict[str, Any] = field(default_factory=dict)
+    rates: dict[str, np.ndarray] = field(default_factory=dict)  # tokens_per_s, mfu, ...
 
     @classmethod
     def load(cls, run: Run) -> RunData:
@@ -85,9 +91,9 @@ class RunData:
         rows = con.execute(
             "SELECT step, duration_s, data_wait_s, loss, grad_norm, "
             "CASE WHEN coalesce(nonfinite_grads, 0) > 0 OR (loss IS NOT NULL AND NOT "
-            "isfinite(loss)) THEN 1 ELSE 0 END FROM steps WHERE rank = ? ORDER BY step",
-            [rank]).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 6
+            "isfinite(loss)) THEN 1 ELSE 0 END, " + ", ".join(RATES) +
+            " FROM steps WHERE rank = ? ORDER BY step", [rank]).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [()] * (6 + len(RATES))
         f = [np.array([np.nan if v is None else v for v in c], dtype=np.float64) for c in cols]
         mem = con.execute(
             "SELECT step, rss_bytes, cuda_allocated_bytes FROM memory WHERE rank = ? "
@@ -108,7 +114,8 @@ class RunData:
         return cls(step=f[0].astype(np.int64) if len(f[0]) else np.zeros(0, np.int64),
                    duration=f[1], wait=f[2], loss=f[3], grad_norm=f[4], nonfinite=f[5],
                    mem_step=mf[0], rss=mf[1], cuda=mf[2], layers=layers,
-                   knobs=dict(run.meta.get("knobs") or {}))
+                   knobs=dict(run.meta.get("knobs") or {}),
+                   rates={c: f[6 + i] for i, c in enumerate(RATES)})
 
     def steady(self) -> np.ndarray:
         """Mask of the steps after the warm-up share."""
@@ -146,6 +153,10 @@ def time_metrics(a: RunData, b: RunData) -> list[Metric]:
         out.append(Metric("throughput_steps_per_s", 1.0 / med.base, 1.0 / med.new, "higher",
                           med.significant, test=med.test, evidence=med.evidence))
     out.append(outlier_metric(a, b))
+    for col in RATES:  # throughput and MFU (recorded from batch shapes and a FLOP count)
+        ra, rb = a.rates.get(col), b.rates.get(col)
+        if ra is not None and rb is not None:
+            out.append(_sampled(col, ra[sa], rb[sb], "higher", blocks=True))
     wa, wb = a.wait[sa] / da, b.wait[sb] / db
     share = _sampled("data_wait_share", wa, wb, "lower", lambda x: float(np.mean(x)),
                      blocks=True)

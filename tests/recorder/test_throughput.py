@@ -136,3 +136,33 @@ def test_peak_table_and_token_shapes() -> None:
     assert tokens_of({"input_ids": ids, "labels": ids}) == 128
     assert tokens_of(torch.zeros(4, 32)) is None  # floats are not token ids
     assert tokens_of((torch.zeros(4, 3, 8, 8), torch.zeros(4, dtype=torch.int64))) is None
+
+
+def test_compare_names_a_throughput_drop(tmp_path: Path) -> None:
+    """The same model fed a quarter of the tokens per step (steps paced by a 10 ms loader):
+    tokens/s is a significant regression in compare, samples/s is unchanged."""
+    import time
+
+    from tracealyze.analyzer.compare.runs import compare_runs
+
+    def run(name: str, length: int) -> Path:
+        model = NanoGPT(seed=0)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(0)
+        with Recorder(tmp_path / name, model=model, optimizer=opt, **FAST) as rec:
+            for _ in range(80):
+                time.sleep(0.01)
+                ids = torch.randint(0, VOCAB, (8, length), generator=g)
+                rec.data_wait_ended(0.01, ids)
+                loss = nanogpt_loss(model, ids)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                rec.step(loss=loss)
+        return tmp_path / name
+
+    r = compare_runs(run("a", SEQ), run("b", SEQ // 4))
+    m = {x["name"]: x for x in r["metrics"]}
+    assert m["tokens_per_s"]["significant"] and m["tokens_per_s"]["better"] == "higher"
+    assert m["tokens_per_s"]["new"] < 0.5 * m["tokens_per_s"]["base"]
+    assert "tokens_per_s" in r["regressions"]
