@@ -83,6 +83,7 @@ class FlopMeter:
         self._hook: Any = None
         self._precision: str | None = None
         self._ended = 0
+        self._thread: int | None = None
         self.off = False
 
     def ended(self, samples: int | None, tokens: int | None) -> float | None:
@@ -101,7 +102,11 @@ class FlopMeter:
         return flops / duration_s / self.peak
 
     def close(self) -> None:
-        if self._mode is not None:
+        """A count still open at close ends here, on the thread that opened it only (a
+        dispatch mode belongs to its thread's stack; another thread must not pop it)."""
+        import threading
+
+        if self._mode is not None and self._thread == threading.get_ident():
             try:
                 self._mode.__exit__(None, None, None)
             finally:
@@ -114,6 +119,9 @@ class FlopMeter:
         self._precision = None
         if self.model is not None:
             self._hook = self.model.register_forward_pre_hook(self._note_precision)
+        import threading
+
+        self._thread = threading.get_ident()
         self._mode = FlopCounterMode(display=False)
         self._mode.__enter__()
 

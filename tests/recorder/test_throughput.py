@@ -139,8 +139,9 @@ def test_peak_table_and_token_shapes() -> None:
 
 
 def test_compare_names_a_throughput_drop(tmp_path: Path) -> None:
-    """The same model fed a quarter of the tokens per step (steps paced by a 10 ms loader):
-    tokens/s is a significant regression in compare, samples/s is unchanged."""
+    """The same model fed an eighth of the tokens per step (steps paced by a 30 ms loader,
+    so that a loaded machine's jitter stays small against the step): tokens/s is a
+    significant regression in compare."""
     import time
 
     from tracealyze.analyzer.compare.runs import compare_runs
@@ -150,10 +151,10 @@ def test_compare_names_a_throughput_drop(tmp_path: Path) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         g = torch.Generator().manual_seed(0)
         with Recorder(tmp_path / name, model=model, optimizer=opt, **FAST) as rec:
-            for _ in range(80):
-                time.sleep(0.01)
+            for _ in range(60):
+                time.sleep(0.03)
                 ids = torch.randint(0, VOCAB, (8, length), generator=g)
-                rec.data_wait_ended(0.01, ids)
+                rec.data_wait_ended(0.03, ids)
                 loss = nanogpt_loss(model, ids)
                 opt.zero_grad()
                 loss.backward()
@@ -161,8 +162,9 @@ def test_compare_names_a_throughput_drop(tmp_path: Path) -> None:
                 rec.step(loss=loss)
         return tmp_path / name
 
-    r = compare_runs(run("a", SEQ), run("b", SEQ // 4))
+    r = compare_runs(run("a", SEQ), run("b", 2))
     m = {x["name"]: x for x in r["metrics"]}
-    assert m["tokens_per_s"]["significant"] and m["tokens_per_s"]["better"] == "higher"
-    assert m["tokens_per_s"]["new"] < 0.5 * m["tokens_per_s"]["base"]
+    assert m["tokens_per_s"]["significant"], m["tokens_per_s"]
+    assert m["tokens_per_s"]["better"] == "higher"
+    assert m["tokens_per_s"]["new"] < 0.25 * m["tokens_per_s"]["base"]
     assert "tokens_per_s" in r["regressions"]
