@@ -31,6 +31,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("numel", "int64"), ("norm", "float32"), ("absmax", "float32"), ("mean", "float32"),
         ("std", "float32"), ("min", "float32"), ("max", "float32"), ("zero_frac", "float32"),
         ("nonfinite", "int64"), ("ratio", "float32"), ("seq", "int32"),
+        ("sat_frac", "float32"),
     ),
     "metrics": (
         ("rank", "int32"), ("step", "int64"), ("name", "dict32"), ("value", "float64"),

@@ -14,6 +14,8 @@ from .capture import Piece, StepAccum
 from .config import RecorderConfig
 from .gradients import due
 from .hooks import ActivationHooks, nonfinite_probes
+from .saturation import bounded_modules, saturated_share
+from .saturation import join as join_saturation
 from .stats import FullStats
 
 # Module outputs recorded per step at most (a few forward passes of a large model).
@@ -39,6 +41,7 @@ class ActivationCapture:
         self.hooks = ActivationHooks(model, self._on_activation, self._on_input,
                                      probe=config.activation_nonfinite,
                                      on_end=self._on_forward_end)
+        self.bounded = bounded_modules(model)  # (indices as the hooks' names)
 
     UNTRACED_AFTER = 3
     """Committed steps with no module hook firing before the recorder says so (once)."""
@@ -89,7 +92,10 @@ class ActivationCapture:
         if t is None:
             return
         if due(cfg.activation_stats_every, acc.step):
-            acc.act_stats.append((name, t.numel(), acc.act_seq, self.full.one(t)))
+            spec = self.bounded.get(index)
+            sat = saturated_share(t, spec) if spec is not None and t.is_floating_point() \
+                else None
+            acc.act_stats.append((name, t.numel(), acc.act_seq, self.full.one(t), sat))
 
     def _on_input(self, t: torch.Tensor) -> None:
         if self.config.activation_nonfinite:
@@ -126,5 +132,8 @@ def join_pieces(acc: StepAccum) -> None:
             vec = torch.cat([b[4] for b in blocks])
         acc.add(Piece("act_nf", len(names), names, numels, seqs, late=late), vec)
     if acc.act_stats:
-        names, numels, seqs, vals = zip(*acc.act_stats, strict=True)
+        names, numels, seqs, vals, sats = zip(*acc.act_stats, strict=True)
         acc.add(Piece("activation", 8 * len(vals), names, numels, seqs), torch.cat(vals))
+        sat = join_saturation(list(sats), vals[0].device)
+        if sat is not None:  # (right after its rows: rows.py joins them)
+            acc.add(Piece("act_sat", len(vals), names, numels, seqs), sat)

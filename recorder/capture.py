@@ -73,8 +73,9 @@ class StepAccum:
     to_probe: list[tuple[str, int, int, torch.Tensor, int]] = field(default_factory=list)
     probes: list[tuple[tuple, tuple, tuple, tuple, torch.Tensor]] = field(
         default_factory=list)
-    # Per-module activation statistics (name, numel, seq, [1, 8] tensor), likewise.
-    act_stats: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
+    # Per-module activation statistics (name, numel, seq, [1, 8] tensor, saturated share
+    # or None: saturation.py), likewise.
+    act_stats: list[tuple[str, int, int, torch.Tensor, Any]] = field(default_factory=list)
 
     def fold(self, extra: StepAccum) -> None:
         """Add a micro-batch's rec.step() (gradient accumulation) into this step."""

@@ -141,9 +141,15 @@ def _rows(run: Sequence[StepItem], ctx: StepRows) -> _Out:
                 # on a projection, every step): nothing proves a module made a NaN/Inf.
                 if (bad[r] & ~late).any():
                     _activation_nonfinite(out, ctx.nonfinite_state, run[r], piece, bad[r])
-        else:
+        elif label != "act_sat":  # (the saturated shares join their activation rows)
+            nxt = first.pieces[j + 1] if j + 1 < len(first.pieces) else None
+            sat = mat[:, off: off + nxt.n] if nxt is not None and nxt.label == "act_sat" \
+                else None
             for r, it in enumerate(run):
-                out.append(("tensor_stats", _stat_columns(it.step, it.pieces[j], block[r])))
+                cols = _stat_columns(it.step, it.pieces[j], block[r])
+                if sat is not None and label == "activation":  # (NaN: not bounded: null)
+                    cols["sat_frac"] = [None if v != v else float(v) for v in sat[r]]
+                out.append(("tensor_stats", cols))
             full_grads = full_grads or label == "grad"
 
     # Loss: the mean of the step's values (folded micro-batches), tensors and Python numbers.

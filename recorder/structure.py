@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .hooks import is_compiling
+from .saturation import bound_kind
 
 _MEAN_REMOVING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 """Normalisations that remove every channel's mean (so a per-channel bias before them)."""
@@ -115,7 +116,10 @@ class StructureProbe:
         self.active = False
         details = {"zero_by_construction": self.pairs,
                    "not_called": [n for n in self.with_params if n not in self.called][:4096],
-                   "output_features": _features(out)}
+                   "output_features": _features(out),
+                   # bounded activations (saturation.py) by kind, for saturated_activation
+                   "bounded": {n or "<model>": k[0] for n, m in self.model.named_modules()
+                               if (k := bound_kind(m)) is not None}}
         self.remove()
         zero = ", ".join(p["param"] for p in self.pairs[:5])
         self.emit(f"{len(self.pairs)} parameter(s) with a gradient zero by construction"

@@ -64,8 +64,8 @@ def coverage(ctx: Context) -> dict[str, Any] | None:
 
 def structure(ctx: Context) -> dict[str, Any]:
     """{zero_by_construction: {param: {consumer, consumer_type, why}}, not_called: [module],
-    output_features: the logits' last dimension or None} (empty when the run has no
-    model_structure event)."""
+    output_features: the logits' last dimension or None, bounded: {module: activation
+    kind}} (empty when the run has no model_structure event)."""
 
     def load() -> dict[str, Any]:
         last = _last(ctx, "model_structure")
@@ -77,8 +77,11 @@ def structure(ctx: Context) -> dict[str, Any]:
                 zero[z["param"]] = {k: str(z.get(k, "")) for k in
                                     ("consumer", "consumer_type", "why")}
         feats = d.get("output_features")
+        raw = d.get("bounded") if isinstance(d.get("bounded"), dict) else {}
         return {"zero_by_construction": zero, "not_called": _names(d.get("not_called")),
                 "output_features": feats if isinstance(feats, int) and feats >= 2 else None,
+                "bounded": {k: v for k, v in raw.items()
+                            if isinstance(k, str) and isinstance(v, str)},
                 "known": last is not None}
 
     return ctx.cached("model_structure", load)
