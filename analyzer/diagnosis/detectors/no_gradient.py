@@ -1,7 +1,7 @@
 """no_gradient: every parameter is accounted for. One that is trainable and in the optimizer
 yet never holds a gradient after backward does not learn: the graph is cut before it (a
 ``.detach()``, ``torch.no_grad()``, ``.data``, a tensor rebuilt from numpy) while its module
-still runs. Frozen modules are named too, as information.
+still runs. Frozen modules are ``frozen_module``'s.
 
 Reads the recorder's ``param_coverage`` events (recorder/coverage.py): per parameter, whether
 it ever had a ``.grad``. Modules whose forward never ran are ``unused_module``'s.
@@ -26,13 +26,12 @@ DEFAULTS: dict[str, Any] = {
 }
 DOC = {
     "meaning": "Trainable parameters in the optimizer never receive a gradient: the "
-               "computation graph is cut before them (warning); frozen modules (info).",
+               "computation graph is cut before them.",
     "rule": "the recorder's last param_coverage event lists parameters with requires_grad "
             "that are in the optimizer (or no optimizer is known) and whose .grad was None "
             "at every step it read, over at least min_steps recorded steps, and whose "
             "module's forward ran (else unused_module): warning, named by the highest "
-            "module holding only such parameters. Frozen parameters outside the optimizer: "
-            "info, by module.",
+            "module holding only such parameters.",
     "fixes": "Look for .detach(), torch.no_grad(), .data or a tensor rebuilt from "
              ".item()/numpy between these modules and the loss; if they are meant not to "
              "train, set requires_grad_(False) and leave them out of the optimizer.",
@@ -82,17 +81,4 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             evidence={"modules": mods[:20], "parameters": cut[:50], "count": len(cut),
                       "values": cov["numel"]["no_grad"],
                       "parameters_total": cov["parameters"]}))
-    frozen = cov["frozen"]
-    if frozen:
-        mods = modules(ctx, cov, frozen)
-        out.append(Finding(
-            id=ID, severity="info", subject=mods[0], first_step=None,
-            title=f"{_structure.describe(mods, 2)} frozen",
-            message=(f"{_structure.describe(mods)} frozen: {cov['counts']['frozen']} "
-                     f"parameter(s) ({cov['numel']['frozen']:,} values) with "
-                     "requires_grad=False, outside the optimizer."),
-            advice="Nothing to do if they are meant to stay fixed.",
-            chart=anchors.GRAD_HEATMAP,
-            evidence={"modules": mods[:20], "count": cov["counts"]["frozen"],
-                      "values": cov["numel"]["frozen"]}))
     return out

@@ -13,7 +13,7 @@ from . import _data, _structure
 from .base import Context
 
 ID = "saturated_activation"
-NEEDS: tuple[str, ...] = ("activation statistics",)
+NEEDS: tuple[str, ...] = ("NaN origin by module",)  # (module hooks, as dead_activation)
 DEFAULTS: dict[str, Any] = {
     "window_frac": 0.5,    # judged on the last half of the run's statistics steps
     "min_sat_frac": 0.5,   # median share of the output within 1% of the range of a bound
