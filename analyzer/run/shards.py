@@ -50,6 +50,7 @@ def combine(con: Any, q: str = "") -> None:
                "CAST(mean AS DOUBLE)) / sum(numel), 2), 0)) AS FLOAT)",
         "zero_frac": "CAST(sum(numel * CAST(zero_frac AS DOUBLE)) / sum(numel) AS FLOAT)",
         "nonfinite": "sum(nonfinite)", "ratio": "max(ratio)", "seq": "min(seq)",
+        "sat_frac": "max(sat_frac)",  # (activations only: never on grad/param rows)
     }
     cols = columns("tensor_stats")
     agg = ", ".join(f"{combined[c]} AS {c}" for c in cols)

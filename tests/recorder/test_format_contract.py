@@ -136,5 +136,5 @@ def test_recorded_run_opens_in_the_analyzer(tmp_path: Path) -> None:
 
 def test_format_parser_is_not_vacuous() -> None:
     doc = format_md_columns()
-    assert len(doc["tensor_stats"]) == 15 and ("absmax", "float32") in doc["tensor_stats"]
+    assert len(doc["tensor_stats"]) == 16 and ("absmax", "float32") in doc["tensor_stats"]
     assert re.fullmatch(r"int\d\d", dict(doc["memory"])["cuda_ooms"])
