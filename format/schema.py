@@ -24,7 +24,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("grad_norm", "float64"), ("nonfinite_grads", "int32"), ("loss_scale", "float64"),
         ("amp_skipped", "bool"), ("grad_clip_max", "float64"), ("compute_s", "float64"),
         ("samples_per_s", "float64"), ("tokens_per_s", "float64"), ("flops", "float64"),
-        ("mfu", "float64"),
+        ("mfu", "float64"), ("sample_ids", "int64[]"),
     ),
     "tensor_stats": (
         ("rank", "int32"), ("step", "int64"), ("name", "dict32"), ("kind", "dict8"),
@@ -76,12 +76,13 @@ LOGICAL: dict[str, str] = {"dict32": "string", "dict8": "string"}
 
 DUCKDB_TYPES: dict[str, str] = {
     "int32": "INTEGER", "int64": "BIGINT", "float32": "FLOAT", "float64": "DOUBLE",
-    "string": "VARCHAR", "bool": "BOOLEAN",
+    "string": "VARCHAR", "bool": "BOOLEAN", "int64[]": "BIGINT[]",
 }
 
 
 def logical(typ: str) -> str:
-    """The logical type (int32, int64, float32, float64, string, bool) of a column type."""
+    """The logical type (int32, int64, float32, float64, string, bool, int64[]) of a column
+    type."""
     return LOGICAL.get(typ, typ)
 
 
@@ -104,6 +105,7 @@ def arrow_schema(table: str, *, with_rank: bool = False) -> Any:
         "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
         "dict32": pa.dictionary(pa.int32(), pa.string()),
         "dict8": pa.dictionary(pa.int8(), pa.string()),
+        "int64[]": pa.list_(pa.int64()),
     }
     return pa.schema([pa.field(c, types[t]) for c, t in TABLES[table]
                       if with_rank or c != PARTITION])

@@ -107,6 +107,9 @@ def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
         return pa.nulls(sum(counts), type=typ)
     if pa.types.is_dictionary(typ):
         return _dictionary_column(pieces, counts, typ)
+    if pa.types.is_list(typ):  # (sample ids: a list per row, None = null)
+        return pa.array([v for p, n in zip(pieces, counts, strict=True)
+                         for v in (p if p is not None else [None] * n)], type=typ)
     if pa.types.is_string(typ):
         vals = np.concatenate([np.full(n, None, dtype=object) if p is None
                                else np.asarray(p, dtype=object)

@@ -67,6 +67,7 @@ class StepAccum:
     tokens: int | None = None  # their token positions; user_tokens: rec.step(tokens=)
     user_tokens: int | None = None
     flops: float | None = None  # model FLOPs (throughput.FlopMeter)
+    sample_ids: list[int] | None = None  # the sampler's indices of its batches (samples.py)
     # Module outputs awaiting their NaN/Inf probe (name, numel, seq, the output itself, its
     # in-place version then), all probed at once when the forward pass ends; then blocks of
     # (names, numels, seqs, late flags, device vector) per forward pass, joined at commit.
@@ -86,6 +87,8 @@ class StepAccum:
         self.act_stats.extend(extra.act_stats)
         self.metrics.update(extra.metrics)
         self.data_wait_s += extra.data_wait_s
+        if extra.sample_ids is not None:
+            self.sample_ids = (self.sample_ids or []) + extra.sample_ids
         for name in ("samples", "tokens", "user_tokens"):
             if getattr(extra, name) is not None:
                 setattr(self, name, (getattr(self, name) or 0) + getattr(extra, name))
@@ -259,6 +262,7 @@ class StepItem:
     store_grad_norms: bool = True
     compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
     heap: int | None = None  # malloc'd bytes in use, read with rss
+    sample_ids: list[int] | None = None  # samples.py (at most MAX_IDS)
     samples_per_s: float | None = None  # throughput.py (shapes of the step's batches)
     tokens_per_s: float | None = None
     flops: float | None = None

@@ -95,6 +95,10 @@ class RecorderConfig:
     """Recording to a URL: how far the uploads may fall behind (bytes written to the spool
     and not uploaded) before the writer stops adding parts; rows then wait in memory up to
     ``max_buffered_bytes`` and the oldest are dropped, counted as ``dropped_data``."""
+    record_sample_ids: bool = True
+    """Each step's sample ids (``steps.sample_ids``): the indices its batches' sampler drew,
+    when ``wrap_loader`` (or a framework) iterates a Map-style ``torch`` DataLoader; at most
+    1,024 per step. Findings about a step (a loss spike, a NaN) name them."""
     peak_flops: float | None = None
     """Peak FLOP/s of one device, for MFU (model FLOPs / step time / this). None: the
     built-in table for A100, H100, H200 and MI300X at the counted step's precision; on
@@ -232,7 +236,7 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
     "minimal": dict(
         grad_norm_every=10, grad_norm_budget=0.005, store_grad_norms=False,
         tensor_stats_every=0, param_stats_every=0,
-        memory_every=10, system_interval_s=5.0,
+        memory_every=10, system_interval_s=5.0, record_sample_ids=False,
     ),
     # Production default: per-parameter grad norm every step (sparser only where reading the
     # gradients would cost over 0.5% of the step: a CPU or slow host), full stats every 100
@@ -297,7 +301,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "tensor_stats_every", "param_stats_every", "update_ratio_every",
               "stats_chunk_elems"),
     "activations": ("activation_stats_every", "activation_nonfinite"),
-    "sampling": ("memory_every", "system_interval_s"),
+    "sampling": ("memory_every", "system_interval_s", "record_sample_ids"),
     "profiling": ("profile_every", "profile_start", "profile_warmup", "profile_active",
                   "profile_max_windows", "profile_quiet"),
     "writer": ("flush_interval_s", "flush_rows", "queue_size", "max_buffered_bytes",

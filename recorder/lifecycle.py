@@ -44,6 +44,7 @@ from .loader import batch_size_of
 from .profiling import ProfilerSchedule
 from .rundir import RunDir
 from .sampler import MemoryProbe
+from .samples import MAX_IDS
 from .stepstate import StepMachine
 from .throughput import FlopMeter, tokens_of
 from .writer import Writer
@@ -134,7 +135,8 @@ class StepLifecycle:
                        "not the training thread: its values are added to the open step as "
                        "metrics, and the training thread ends the step", severity="info")
 
-    def data_wait_ended(self, seconds: float, batch: Any = None) -> None:
+    def data_wait_ended(self, seconds: float, batch: Any = None,
+                        sample_ids: list[int] | None = None) -> None:
         """Lifecycle 1: the open step waited ``seconds`` for its data (added up over
         micro-batches; recorded as ``data_wait_s``). ``batch``, when given: the batch that
         arrived; the first one's leading dimension is kept as run.json's
@@ -144,6 +146,8 @@ class StepLifecycle:
             with self._lock:  # (a loader thread may call this while the step ends)
                 acc = self.acc
                 acc.data_wait_s += seconds
+                if sample_ids is not None and len(acc.sample_ids or ()) < MAX_IDS:
+                    acc.sample_ids = ((acc.sample_ids or []) + list(sample_ids))[:MAX_IDS]
                 acc.waited = True
                 if acc.data_ready is None:
                     acc.data_ready = time.perf_counter()
@@ -352,7 +356,7 @@ class StepLifecycle:
             scaler=acc.scaler, memory=memory, rss=self._probe.rss() if memory else None,
             heap=self._probe.heap() if memory else None,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
-            compute_s=_compute_s(acc),
+            compute_s=_compute_s(acc), sample_ids=acc.sample_ids,
             **_rates(acc, self._tokens(acc), self.flops),
         )
         self.next_step = acc.step + 1

@@ -11,20 +11,37 @@ class TimedLoader:
     """Iterates a loader and reports the time spent waiting for each batch (the step
     lifecycle's ``data_wait_ended``)."""
 
-    def __init__(self, loader: Iterable[Any], on_wait: Callable[..., None]) -> None:
+    def __init__(self, loader: Iterable[Any], on_wait: Callable[..., None],
+                 sample_ids: bool = False) -> None:
         self.loader = loader
         self.on_wait = on_wait
+        self.sample_ids = sample_ids
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        return timed(iter(self.loader), self.on_wait)
+        return timed_loader(self.loader, self.on_wait, self.sample_ids)
 
 
-def timed(it: Iterator[Any], on_wait: Callable[..., None]) -> Iterator[Any]:
+def timed_loader(loader: Iterable[Any], on_wait: Callable[..., None], sample_ids: bool,
+                 make_iter: Callable[[Any], Iterator[Any]] = iter) -> Iterator[Any]:
+    """``timed`` over ``make_iter(loader)``, its sampler tapped first (samples.py)."""
+    from .samples import install
+
+    drawn = install(loader) if sample_ids else None
+    if drawn is not None:
+        drawn.drawn.clear()  # (what an earlier, abandoned pass drew and never delivered)
+    return timed(make_iter(loader), on_wait, drawn)
+
+
+def timed(it: Iterator[Any], on_wait: Callable[..., None], drawn: Any = None
+          ) -> Iterator[Any]:
     """``it``'s items, reporting how long each ``next()`` waited, and the batch itself
-    (``on_wait(seconds, batch)``: the recorder keeps the first one's size)."""
+    (``on_wait(seconds, batch)``: its shapes), and with a sampler tap ``drawn`` the indices
+    drawn for it (``on_wait(seconds, batch, ids)``; samples.py)."""
+    from .samples import ids_of
+
     clock = time.perf_counter
     while True:
         t0 = clock()
@@ -32,7 +49,11 @@ def timed(it: Iterator[Any], on_wait: Callable[..., None]) -> Iterator[Any]:
             batch = next(it)
         except StopIteration:
             return
-        on_wait(clock() - t0, batch)
+        if drawn is None:
+            on_wait(clock() - t0, batch)
+        else:
+            on_wait(clock() - t0, batch, ids_of(drawn.drawn.popleft()) if drawn.drawn
+                    else None)
         yield batch
 
 

@@ -243,7 +243,7 @@ class Recorder:
 
     def wrap_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
         """The same iterable, timing how long each step waits for its next batch."""
-        return TimedLoader(loader, self.data_wait_ended)
+        return TimedLoader(loader, self.data_wait_ended, self.config.record_sample_ids)
 
     def close(self, status: str | None = None) -> None:
         """Flush everything, merge parts and mark the run completed (idempotent). A Ctrl-C
@@ -321,14 +321,14 @@ class Recorder:
         """Lifecycle 4: the step is over. Same as :meth:`step`."""
         self.step(loss, **kw)
 
-    def data_wait_ended(self, seconds: float, batch: Any = None) -> None:
+    def data_wait_ended(self, seconds: float, batch: Any = None, sample_ids: Any = None) -> None:
         """Lifecycle 1: the open step waited ``seconds`` for its data (added up over
         micro-batches; recorded as ``data_wait_s``). ``batch``, when given: the batch that
         arrived; the first one's leading dimension is kept as run.json's
         ``data.batch_size`` (per rank), so that ``compare`` can tell runs apart that
         differ in batch size."""
         if self._life is not None:
-            self._life.data_wait_ended(seconds, batch)
+            self._life.data_wait_ended(seconds, batch, sample_ids)
 
     def gradients_ready(self) -> None:
         """Lifecycle 2: gradients are final for this optimizer step and the weights are not

@@ -202,6 +202,8 @@ def _rows(run: Sequence[StepItem], ctx: StepRows) -> _Out:
         "compute_s": ([it.compute_s for it in run]
                       if any(it.compute_s is not None for it in run) else None),
         **throughput_columns(run),
+        "sample_ids": ([it.sample_ids for it in run]
+                       if any(it.sample_ids is not None for it in run) else None),
     }))
     _metric_rows(out, run, steps, tmetrics)
     if ctx.probe is not None:

@@ -2,9 +2,10 @@
 sampler drew for the batches of the step (``record_sample_ids``), so that a loss spike or a
 NaN names its samples, and ``tracealyze query`` can join them with the dataset.
 
-The DataLoader's iterator draws each batch's indices from its sampler in the main process
-(``_sampler_iter``), ahead of the batch when workers prefetch, and delivers the batches in
-the same order (``in_order``, the default). A tap on that iterator queues the indices as they
+The DataLoader's iterator draws each batch's indices from its index sampler in the main
+process, ahead of the batch when workers prefetch, and delivers the batches in the same
+order (``in_order``, the default). A tap put in place of that sampler (before the iterator
+is made: a worker iterator draws its first batches as it starts) queues the indices as they
 are drawn; each batch the loader yields takes the oldest. Nothing else is read: no tensor,
 no device. Loaders that are not Map-style DataLoaders (an IterableDataset, a generator, a
 framework's own iterator around one) have no indices to give: the column stays null.
@@ -18,41 +19,49 @@ from typing import Any
 
 MAX_IDS = 1024
 """Sample ids kept per step (the first ones): bounds a step's row whatever the batch."""
+MAX_QUEUED = 4096
+"""Batches whose indices may wait for their batch (prefetched ahead: workers × prefetch)."""
 
 
-class _Tap:
-    """The sampler iterator, queueing what it yields."""
+class SamplerTap:
+    """A DataLoader's index sampler, queueing the indices it yields (in draw order)."""
 
-    def __init__(self, inner: Iterator[Any]) -> None:
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.drawn: deque[Any] = deque()
+        self.drawn: deque[Any] = deque(maxlen=MAX_QUEUED)
 
-    def __iter__(self) -> _Tap:
-        return self
+    def __iter__(self) -> Iterator[Any]:
+        for idx in self.inner:
+            self.drawn.append(idx)
+            yield idx
 
-    def __next__(self) -> Any:
-        idx = next(self.inner)
-        self.drawn.append(idx)
-        return idx
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:  # (sampler attributes: set_epoch, batch_size)
+        return getattr(self.inner, name)
 
 
-def tap(it: Any) -> _Tap | None:
-    """Tap a DataLoader iterator's sampler (a fresh tap each epoch: a persistent-workers
-    iterator replaces its sampler iterator when it is reset); None when ``it`` is not one
-    that draws indices in order."""
-    inner = getattr(it, "_sampler_iter", None)
-    if inner is None or getattr(it, "_dataset_kind", None) != 0:  # 0: Map-style
+def install(loader: Any) -> SamplerTap | None:
+    """Tap the index sampler of a Map-style ``torch`` DataLoader before its iterator is made
+    (a worker iterator draws its prefetched batches' indices as it starts); None for any
+    other loader, or one that may deliver batches out of order."""
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader) or getattr(loader, "_dataset_kind", None) != 0:
         return None
-    if getattr(it, "_in_order", True) is False:
+    if getattr(loader, "in_order", True) is False:
         return None
-    if isinstance(inner, _Tap):
-        return inner
-    t = _Tap(inner)
-    try:
-        it._sampler_iter = t
-    except AttributeError:
+    attr = "batch_sampler" if loader.batch_sampler is not None else "sampler"
+    current = getattr(loader, attr)
+    if isinstance(current, SamplerTap):
+        return current
+    tap = SamplerTap(current)
+    try:  # (DataLoader refuses a new sampler through its own __setattr__ once built)
+        object.__setattr__(loader, attr, tap)
+    except (AttributeError, TypeError):
         return None
-    return t
+    return tap
 
 
 def ids_of(drawn: Any) -> list[int] | None:

@@ -24,6 +24,8 @@ def arrow_to_logical(t: Any) -> str | None:
         t = t.value_type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "string"
+    if pa.types.is_list(t) and pa.types.is_int64(t.value_type):
+        return "int64[]"
     for name, pred in (("int32", pa.types.is_int32), ("int64", pa.types.is_int64),
                        ("float32", pa.types.is_float32), ("float64", pa.types.is_float64),
                        ("bool", pa.types.is_boolean)):

@@ -51,5 +51,6 @@ def arrow_schema(table: str) -> Any:
     import pyarrow as pa
 
     arrow = {"int32": pa.int32(), "int64": pa.int64(), "float32": pa.float32(),
-             "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_()}
+             "float64": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
+             "int64[]": pa.list_(pa.int64())}
     return pa.schema([pa.field(name, arrow[typ]) for name, typ in TABLES[table]])

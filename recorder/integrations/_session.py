@@ -72,7 +72,7 @@ class Session:
             _backward.install(id(self), self.loss.add)
             self._undo.append(lambda: _backward.uninstall(id(self)))
         undo = time_next(fetcher, rec.data_wait_ended) if fetcher is not None else \
-            time_batches(loader, rec.data_wait_ended)
+            time_batches(loader, rec.data_wait_ended, rec.config.record_sample_ids)
         if undo is not None:
             self._undo.append(undo)
         # atexit runs last-registered first: before the Recorder's own (which would call

@@ -13,19 +13,21 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..loader import timed
+from ..loader import timed_loader
 
 
-def time_batches(loader: Any, on_wait: Callable[..., None]) -> Callable[[], None] | None:
-    """Make ``loader`` report each batch's wait to ``on_wait``; returns the undo (or None
-    when the loader cannot be timed)."""
+def time_batches(loader: Any, on_wait: Callable[..., None],
+                 sample_ids: bool = False) -> Callable[[], None] | None:
+    """Make ``loader`` report each batch's wait to ``on_wait`` (and its sample ids when the
+    loader's own iterator draws them: loader.timed); returns the undo (or None when the
+    loader cannot be timed)."""
     cls = type(loader)
     if loader is None or getattr(cls, "_tracealyze_timed", False):
         return None
     base_iter = cls.__iter__
 
     def __iter__(self: Any) -> Iterator[Any]:
-        return timed(base_iter(self), on_wait)
+        return timed_loader(self, on_wait, sample_ids, base_iter)
 
     return _swap(loader, cls, {"__iter__": __iter__})
 

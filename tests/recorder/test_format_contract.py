@@ -27,7 +27,8 @@ def logical(t: pa.DataType) -> str:
     if pa.types.is_dictionary(t):
         t = t.value_type
     names = {pa.int32(): "int32", pa.int64(): "int64", pa.float32(): "float32",
-             pa.float64(): "float64", pa.string(): "string", pa.bool_(): "bool"}
+             pa.float64(): "float64", pa.string(): "string", pa.bool_(): "bool",
+             pa.list_(pa.int64()): "int64[]"}
     return names.get(t, str(t))
 
 

@@ -72,6 +72,24 @@ def step_range(ctx: Context) -> tuple[int | None, int | None]:
     return ctx.cached("step_range", load)
 
 
+SAMPLE_IDS_SHOWN = 64
+"""Sample ids a finding lists per step (the step's row keeps up to 1,024)."""
+
+
+def sample_ids(ctx: Context, steps: list[int], rank: int | None = None
+               ) -> dict[int, list[int]]:
+    """step -> the sample ids the recorder kept for it (``record_sample_ids``), on ``rank``
+    (else the lowest that has them); steps without ids are left out."""
+    if not steps:
+        return {}
+    want = ", ".join(str(int(s)) for s in steps[:100])
+    where = f"rank = {int(rank)}" if rank is not None else \
+        "rank = (SELECT min(rank) FROM steps WHERE sample_ids IS NOT NULL)"
+    rows = ctx.rows(f"SELECT step, sample_ids[1:{SAMPLE_IDS_SHOWN}] FROM steps WHERE {where} "
+                    f"AND step IN ({want}) AND sample_ids IS NOT NULL")
+    return {int(s): [int(i) for i in ids] for s, ids in rows if ids}
+
+
 def primary_rank(ctx: Context, column: str = "loss") -> int | None:
     """Lowest rank with any finite value in ``column`` of steps (loss is per-rank anyway)."""
     for r, d in sorted(steps(ctx).items()):

@@ -80,6 +80,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     sev = "error" if len(idx) >= th.error_count else "warning"
     # a learning rate rising into the spikes (a ramp, an endless warm-up) is their cause
     ramp = _changes.lr_ramp(ctx, int(step[first]) - 10, int(step[first]))
+    ids = _data.sample_ids(ctx, sorted({int(step[first]), int(step[worst])}), r)
     return [Finding(
         id=ID, severity=sev, subject="loss", first_step=int(step[first]),
         title=f"{len(idx)} loss spike{'s' if len(idx) > 1 else ''}",
@@ -90,7 +91,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
                   "first_loss": float(loss[first]), "first_local_median": float(base[first]),
                   "worst_step": int(step[worst]), "worst_loss": float(loss[worst]),
-                  "robust_sigma": sigma})]
+                  "robust_sigma": sigma,
+                  **({"sample_ids": {str(k): v for k, v in ids.items()}} if ids else {})})]
 
 
 def _message(step: np.ndarray, loss: np.ndarray, base: np.ndarray, resid: np.ndarray,

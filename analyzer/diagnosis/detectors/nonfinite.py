@@ -141,6 +141,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         sev = "warning"
     else:
         sev = "critical" if q["loss"] is not None else "error"
+    ids = _data.sample_ids(ctx, [first])
+    if ids:  # the batch the NaN came with (a bad sample, or just the step it surfaced at)
+        ev = {**ev, "sample_ids": {str(k): v for k, v in ids.items()}}
     return [Finding(
         id=ID, severity=sev, subject=subject, first_step=first,
         title=f"NaN/Inf first appeared at step {first} in {subject}",
