@@ -48,6 +48,14 @@ def install(loader: Any) -> SamplerTap | None:
     other loader, or one that may deliver batches out of order."""
     from torch.utils.data import DataLoader
 
+    base = getattr(loader, "__dict__", {}).get("base_dataloader")
+    if isinstance(base, DataLoader):
+        # accelerate's DataLoaderShard (the Trainer's; it passes isinstance as a DataLoader):
+        # it iterates its base DataLoader in order and yields every batch, unless it skips
+        # some to resume mid-epoch
+        if getattr(loader, "skip_batches", 0):
+            return None
+        loader = base
     if not isinstance(loader, DataLoader) or getattr(loader, "_dataset_kind", None) != 0:
         return None
     if getattr(loader, "in_order", True) is False:

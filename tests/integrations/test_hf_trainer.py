@@ -24,11 +24,13 @@ class Tokens(torch.utils.data.Dataset):
     def __init__(self, n: int = 96, seed: int = 0) -> None:
         draw = token_batches(seed, 1)
         self.rows = [draw(i)[0] for i in range(n)]
+        self.fetched: list[int] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        self.fetched.append(i)  # (the order the Trainer's loader asked for samples)
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
 
 
@@ -78,8 +80,9 @@ def test_trainer_records_the_trainers_own_values(tmp_path: Path) -> None:
     ref = GradReference(model)
     logs = Logs()
     cb = TracealyzeCallback(**FAST)
+    train = Tokens()
     trainer = transformers.Trainer(model=model, args=_args(tmp_path / "out"),
-                                   train_dataset=Tokens(), eval_dataset=Tokens(16, seed=1),
+                                   train_dataset=train, eval_dataset=Tokens(16, seed=1),
                                    callbacks=[cb, logs, PreClip(ref)])
     trainer.train()
     run = tmp_path / "out" / "tracealyze"
@@ -105,6 +108,9 @@ def test_trainer_records_the_trainers_own_values(tmp_path: Path) -> None:
         for name, v in expected.items():
             assert_close(got[name], v, 1e-4, f"{name} at step {i}")
     assert not events(run, "recorder_error")
+    # each step's samples: the two micro-batches of 4 the Trainer's sampler drew, in order
+    ids = [steps[i]["sample_ids"] for i in range(10)]
+    assert ids == [train.fetched[8 * i: 8 * i + 8] for i in range(10)]
 
 
 def test_default_run_dir_is_not_overwritten_by_a_second_training(tmp_path: Path) -> None:
