@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .backward import GradProbes
 from .capture import Piece, StepAccum
 from .config import RecorderConfig
 from .gradients import due
@@ -42,6 +43,7 @@ class ActivationCapture:
                                      probe=config.activation_nonfinite,
                                      on_end=self._on_forward_end)
         self.bounded = bounded_modules(model)  # (indices as the hooks' names)
+        self.grads = GradProbes(current)
 
     UNTRACED_AFTER = 3
     """Committed steps with no module hook firing before the recorder says so (once)."""
@@ -85,6 +87,7 @@ class ActivationCapture:
         acc.act_seq += 1
         name = self.hooks.names[index]
         if cfg.activation_nonfinite:
+            self.grads.module_called(name, *self.hooks.raw)  # (backward.py)
             if t is not None:
                 acc.to_probe.append((name, t.numel(), acc.act_seq, t, t._version))
             if inp is not None:  # the module's input: seq negated (rows.py tells them apart)
@@ -103,6 +106,7 @@ class ActivationCapture:
 
     def _on_forward_end(self) -> None:
         self.guard("activation_probe", probe_outputs, self.current())
+        self.grads.forward_ended()
 
 
 def probe_outputs(acc: StepAccum) -> None:
@@ -131,6 +135,11 @@ def join_pieces(acc: StepAccum) -> None:
             names, numels, seqs, late = (sum((b[k] for b in blocks), ()) for k in range(4))
             vec = torch.cat([b[4] for b in blocks])
         acc.add(Piece("act_nf", len(names), names, numels, seqs, late=late), vec)
+    if acc.grad_probes:  # backward.py: in the order autograd fired them
+        labels, norms = zip(*acc.grad_probes, strict=True)
+        acc.grad_probes = []
+        acc.add(Piece("act_bnf", len(labels), labels, (0,) * len(labels),
+                      tuple(range(len(labels)))), torch.stack(norms))
     if acc.act_stats:
         names, numels, seqs, vals, sats = zip(*acc.act_stats, strict=True)
         acc.add(Piece("activation", 8 * len(vals), names, numels, seqs), torch.cat(vals))

@@ -77,6 +77,8 @@ class StepAccum:
     # Per-module activation statistics (name, numel, seq, [1, 8] tensor, saturated share
     # or None: saturation.py), likewise.
     act_stats: list[tuple[str, int, int, torch.Tensor, Any]] = field(default_factory=list)
+    # Gradient norms of module inputs/outputs in backward order (roles label, norm: backward.py)
+    grad_probes: list[tuple[str, torch.Tensor]] = field(default_factory=list)
 
     def fold(self, extra: StepAccum) -> None:
         """Add a micro-batch's rec.step() (gradient accumulation) into this step."""
@@ -85,6 +87,7 @@ class StepAccum:
         self.to_probe.extend(extra.to_probe)
         self.probes.extend(extra.probes)
         self.act_stats.extend(extra.act_stats)
+        self.grad_probes.extend(extra.grad_probes)
         self.metrics.update(extra.metrics)
         self.data_wait_s += extra.data_wait_s
         if extra.sample_ids is not None:

@@ -145,6 +145,7 @@ class ActivationHooks:
         modules = [mod for _, mod in model.named_modules()]
         self.names = [name or "<model>" for name, _ in model.named_modules()]
         self._last: torch.Tensor | None = None
+        self.raw: tuple[Any, Any] = (None, None)
         self._cb = on_output
         probed = [probe and not isinstance(mod, FINITE_PRESERVING) for mod in modules]
         self._rest = [(i, mod) for i, (mod, p) in enumerate(zip(modules, probed, strict=True))
@@ -187,6 +188,7 @@ class ActivationHooks:
             # is blamed on the parent, not on the child it was passed to. Not when it is the
             # output probed just before (a chain: that probe already says it).
             ti = first_tensor(inp)
+            self.raw = (t, ti)  # (the call's own output and input: backward probes)
             if t is not prev:
                 self._last = t
                 cb(i, t, None if ti is None or ti is prev else ti)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .backward import origin
 from .buffers import Codes
 from .capture import StepItem
 from .schema import STAT_COLUMNS
@@ -132,6 +133,12 @@ def _rows(run: Sequence[StepItem], ctx: StepRows) -> _Out:
             tmetrics[p.metric or "?"] = block[:, 0]
         elif label == "grad_norms":
             norms, norm_names, norm_pos = block.astype(np.float64), p.names, p.seqs
+        elif label == "act_bnf":  # backward NaN probes (backward.py)
+            bad = ~np.isfinite(block)
+            for r in np.flatnonzero(bad.any(axis=1)):
+                found = origin(run[r].pieces[j].names, bad[r])
+                if found is not None:
+                    _report_nonfinite(out, ctx.nonfinite_state, run[r], "backward", *found)
         elif label == "act_nf":
             bad = ~np.isfinite(block)
             for r in np.flatnonzero(bad.any(axis=1)):

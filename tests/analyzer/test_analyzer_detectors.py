@@ -178,7 +178,11 @@ def test_nonfinite_first_parameter_in_model_order(tmp_path):
     run = make_run(tmp_path, steps=120, tensors=6, tensor_norm=norm,
                    nonfinite_grads=lambda s: np.where(s >= 77, 2, 0))
     (f,) = found(run, "nonfinite")
-    assert (f["subject"], f["first_step"]) == ("layers.1.bias", 77)
+    # the loss stayed finite: the backward of the module holding the first parameter (in
+    # model order) whose gradient went nonfinite made it
+    assert (f["subject"], f["first_step"]) == ("layers.1", 77)
+    assert f["evidence"]["direction"] == "backward"
+    assert f["evidence"]["parameters"] == ["layers.1.bias", "layers.2.weight"]
     assert f["severity"] == "error"  # loss stayed finite
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data
+from . import _changes, _data, _structure
 from .base import Context
 
 ID = "nonfinite"
@@ -29,8 +29,13 @@ DOC = {
             "norm/nonfinite count or nonfinite event; subject = the module whose forward made "
             "it: its output went nonfinite while its inputs were finite (debug preset's NaN "
             "tracing probes module inputs and outputs; plain code in a parent's forward is the "
-            "parent's), 'input' for a nonfinite batch, else the first "
-            "parameter (model order) with a nonfinite gradient. AMP overflow skips are info.",
+            "parent's), 'input' for a nonfinite batch; else, the forward finite, the module "
+            "whose backward turned finite gradients nonfinite (debug preset's backward "
+            "probes on module inputs and outputs; 'loss' when the gradient reaching the "
+            "model's output was already nonfinite); else the module of the first parameter "
+            "(model order) with a nonfinite gradient, as backward-made when the loss was "
+            "still finite. evidence.direction: forward | backward. AMP overflow skips are "
+            "info.",
     "fixes": "Lower the learning rate, clip gradients, guard log/sqrt/div with eps, check the "
              "input batch at that step, use bf16 or a GradScaler with fp16.",
 }
@@ -86,6 +91,20 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if row and str(row[0][0]) not in _INPUT_NAMES:
             subject = str(row[0][0])
             where = f"the forward of module {subject} made it (its inputs were finite)"
+            ev["direction"] = "forward"
+    # 2b. ... or, its forward finite, the module whose backward turned finite gradients
+    #     nonfinite (the recorder's backward probes: gradient of sqrt/log at 0, a custom
+    #     autograd.Function, the norm of a zero vector, a loss with a NaN gradient)
+    if subject is None:
+        row = ctx.rows(
+            "SELECT subject, step, message FROM events WHERE kind = 'nonfinite' AND "
+            "subject IS NOT NULL AND json_extract_string(details, '$.source') = 'backward' "
+            "ORDER BY step, time LIMIT 1")
+        if row and row[0][1] is not None and int(row[0][1]) <= first and (
+                q["activation"] is None or q["activation"] > int(row[0][1])):
+            subject, first = str(row[0][0]), int(row[0][1])
+            where = str(row[0][2]).split(": ", 1)[-1]
+            ev["direction"] = "backward"
     # ... else the first module (post-order seq) whose output went nonfinite at that step
     if subject is None and q["activation"] is not None and q["activation"] <= first:
         row = ctx.rows(
@@ -96,10 +115,14 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             subject = str(row[0][0])
             ev["module_seq"] = row[0][2]
             where = f"the output of module {subject} went nonfinite first"
+            ev["direction"] = "forward"
     # 3. an event that names its subject (recorder's nonfinite event)
+    #    (the recorder's own gradient events are step 4's, when gradient rows exist)
     if subject is None and q["event"] is not None and q["event"] <= first:
         row = ctx.rows("SELECT subject FROM events WHERE kind = 'nonfinite' AND step = ? "
-                       "AND subject IS NOT NULL ORDER BY time LIMIT 1", [q["event"]])
+                       "AND subject IS NOT NULL AND (? OR coalesce(json_extract_string("
+                       "details, '$.source'), '') <> 'gradient') ORDER BY time LIMIT 1",
+                       [q["event"], q["grad"] is None])
         if row:
             subject = str(row[0][0])
             where = f"a nonfinite event names {subject}"
@@ -113,6 +136,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         ev["nonfinite_params_at_first_step"] = len(bad)
         where = f"the gradient of {subject} went nonfinite first"
         first = min(first, int(q["grad"]))
+        if q["loss"] is None or int(q["loss"]) > first:
+            # the loss was finite at that step: the forward was, the backward made it (in
+            # the module holding the parameter, whose input gradients stayed finite)
+            ev["direction"], ev["parameters"] = "backward", order[:20]
+            module = _structure.module_of(subject)
+            if module:
+                subject = module
+                where = (f"the backward of module {module} made its parameters' gradients "
+                         f"nonfinite ({', '.join(order[:3])}) while the loss was finite")
     if subject is None:
         subject = "loss" if q["loss"] is not None and q["loss"] <= first else "grad_norm"
         where = f"the {subject} went nonfinite"

@@ -1,0 +1,101 @@
+"""Where a NaN made in the *backward* pass comes from (debug preset, with the forward NaN
+probes): the gradient of ``sqrt`` or ``log`` at 0, a custom ``autograd.Function`` with a bad
+backward, the norm of a zero vector, a loss whose value is finite but whose gradient is not.
+Forward probes see only finite values there.
+
+In each probed module's forward hook, a tensor hook goes on its output and on its input
+(once per tensor: a module's input is usually the output of the module before it). Tensor
+hooks do not change the graph (module backward hooks wrap the module's inputs and outputs,
+and in-place ops on those then fail). A tensor's hook receives the gradient of that tensor,
+which the backward of the module that *consumed* it (the one whose input it is) produced;
+each takes one float32 norm of it, left on the device (NaN/Inf propagate; no host sync), in
+the order autograd fires them. The step's norms are stacked at commit and read on the
+writer thread.
+
+The origin, in firing order (backward runs from the loss towards the input): the first
+nonfinite gradient was made by its tensor's consumer module, whose own output's gradient
+was finite (direction ``backward``); when no probed module consumed it, by plain code: the
+loss's backward for the model's output, else the forward code of the producer's parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+MODEL_OUTPUT = "<output>"
+"""The role label of the forward pass's last module output (the model's output)."""
+
+
+class GradProbes:
+    """The tensor hooks of one forward pass (``acc_of()``: the step they report to)."""
+
+    def __init__(self, acc_of: Callable[[], Any]) -> None:
+        self.acc_of = acc_of
+        self.roles: dict[int, list[str]] = {}  # id(tensor) -> ["out:<mod>", "in:<mod>"]
+        self.last_out: int | None = None
+
+    def module_called(self, name: str, out: torch.Tensor | None,
+                      inp: torch.Tensor | None) -> None:
+        if out is not None:
+            self._role(out, f"out:{name}")
+            self.last_out = id(out) if _hookable(out) else self.last_out
+        if inp is not None:
+            self._role(inp, f"in:{name}")
+
+    def forward_ended(self) -> None:
+        """The last output of the pass is the model's (the loss consumes it)."""
+        if self.last_out is not None and self.last_out in self.roles:
+            self.roles[self.last_out].append(MODEL_OUTPUT)
+        self.roles, self.last_out = {}, None  # (the hooks keep their own role lists)
+
+    def _role(self, t: torch.Tensor, role: str) -> None:
+        if not _hookable(t):
+            return
+        roles = self.roles.get(id(t))
+        if roles is None:
+            roles = self.roles[id(t)] = []
+            t.register_hook(_probe(self.acc_of, roles))
+        roles.append(role)
+
+
+def _hookable(t: torch.Tensor) -> bool:
+    return t.requires_grad and t.is_floating_point()
+
+
+def _probe(acc_of: Callable[[], Any], roles: list[str]) -> Callable[[torch.Tensor], None]:
+    def hook(grad: torch.Tensor) -> None:
+        try:
+            with torch.no_grad():
+                norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+            acc_of().grad_probes.append(("|".join(roles), norm))
+        except Exception:  # a probe must never break the user's backward
+            pass
+    return hook
+
+
+def origin(labels: tuple[str, ...], bad: Any) -> tuple[str, str] | None:
+    """(subject, how) of a step's first nonfinite gradient, from its probes in firing order
+    (``labels[i]``: the roles of probe i's tensor; ``bad[i]``: its gradient nonfinite)."""
+    finite_out: set[str] = set()
+    for label, b in zip(labels, bad, strict=True):
+        roles = label.split("|")
+        outs = [r[4:] for r in roles if r.startswith("out:")]
+        ins = [r[3:] for r in roles if r.startswith("in:")]
+        if not b:
+            finite_out.update(outs)
+            continue
+        if ins:
+            m = ins[0]  # the innermost consumer (a child's hook runs before its parent's)
+            if m in finite_out:
+                return m, f"the backward of module {m} turned finite gradients nonfinite"
+            return m, f"the gradient leaving module {m} went nonfinite"
+        if MODEL_OUTPUT in roles or not outs:
+            return "loss", ("the gradient reaching the model's output was already "
+                            "nonfinite: the loss's backward made it")
+        parent = outs[0].rpartition(".")[0] or "<model>"
+        return parent, (f"the gradient reaching the output of {outs[0]} was already "
+                        f"nonfinite: plain code in the forward of {parent} made it")
+    return None
