@@ -19,6 +19,10 @@ the warm-up plus the background CPU spent then: the window's profiling, export a
     python benchmarks/overhead.py                       # both workloads, all configs
     python benchmarks/overhead.py --workload mlp --rounds 5 --steps 60
     python benchmarks/overhead.py --workload mlp --mlp-batch 720   # ~50 ms steps (2026-11-23)
+    python benchmarks/overhead.py --device cuda --workload gpt2,gpt --configs aa,standard
+
+On CUDA each timed step ends with ``torch.cuda.synchronize()`` (the harness's, so that a
+step's time is its GPU work too; the recorder itself adds no sync) and matmuls use TF32.
 """
 
 from __future__ import annotations
@@ -81,12 +85,13 @@ def _thread_cpu(clocks: list[int]) -> float:
 
 
 def one_round(workload: str, config: str, steps: int, warmup: int, seed: int,
-              batch: int | None = None) -> dict:
+              batch: int | None = None, device: str = "cpu") -> dict:
     _, make_batch, loss_fn = WORKLOADS[workload]
     if batch:
         make_batch = functools.partial(make_batch, batch=batch)
-    model_a, opt_a = build(workload, seed)
-    model_b, opt_b = build(workload, seed)
+    model_a, opt_a = build(workload, seed, device)
+    model_b, opt_b = build(workload, seed, device)
+    cuda = device.startswith("cuda")
     before = {t.ident for t in threading.enumerate()}
     tmp = tempfile.mkdtemp(prefix=f"tz-bench-{workload}-{config}-")
     logger = None
@@ -98,9 +103,11 @@ def one_round(workload: str, config: str, steps: int, warmup: int, seed: int,
     bg_ids = [time.pthread_getcpuclockid(t.ident) for t in threading.enumerate()
               if t.ident not in before]
     g = torch.Generator().manual_seed(seed)
-    batches = [make_batch(g) for _ in range(8)]
+    batches = [tuple(t.to(device) for t in make_batch(g)) for _ in range(8)]
 
     def train_step(model, opt, x, y, log) -> float:
+        if cuda:  # the harness's sync point: the other replica's queued work is not ours
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = loss_fn(model(x), y)
         opt.zero_grad(set_to_none=True)
@@ -108,6 +115,8 @@ def one_round(workload: str, config: str, steps: int, warmup: int, seed: int,
         opt.step()
         if log is not None:
             log.step(loss=loss)
+        if cuda:  # the harness's sync point: the step's time includes its GPU work
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     ta, tb = [], []
@@ -151,7 +160,10 @@ def one_round(workload: str, config: str, steps: int, warmup: int, seed: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", choices=["gpt", "mlp", "all"], default="all")
+    ap.add_argument("--workload", default="all",
+                    help="gpt, mlp, gpt2 (GPT-2 small's shape, for a GPU), comma-separated, "
+                    "or all (gpt,mlp)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--configs", default="aa,minimal,standard,debug,tensorboard")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=0, help="measured steps per round "
@@ -164,15 +176,19 @@ def main() -> None:
                     "in percent, follows it: the issue's MLP is ~50 ms per step")
     ap.add_argument("--json", help="also write results to this JSON file")
     args = ap.parse_args()
-    workloads = ["gpt", "mlp"] if args.workload == "all" else [args.workload]
+    workloads = ["gpt", "mlp"] if args.workload == "all" else args.workload.split(",")
+    if args.device.startswith("cuda"):
+        torch.set_float32_matmul_precision("high")
+        print(f"device {torch.cuda.get_device_name()}", flush=True)
     results = {}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{psutil.cpu_count()} CPUs", flush=True)
     for w in workloads:
-        steps = args.steps or {"gpt": 30, "mlp": 120}[w]
+        steps = args.steps or {"gpt": 30, "mlp": 120, "gpt2": 40}[w]
         for cfg in args.configs.split(","):
             rounds = [one_round(w, cfg, steps, args.warmup, seed=r,
-                                batch=args.mlp_batch if w == "mlp" else None)
+                                batch=args.mlp_batch if w == "mlp" else None,
+                                device=args.device)
                       for r in range(args.rounds)]
             med = [r["median_overhead"] * 100 for r in rounds]
             paired = [r["paired_overhead"] * 100 for r in rounds]

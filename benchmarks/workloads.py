@@ -66,6 +66,13 @@ WORKLOADS = {
         lambda out, y: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
                                                    y.reshape(-1)),
     ),
+    # GPT-2 small's shape (124M parameters, 148 tensors): a GPU workload (--device cuda)
+    "gpt2": (
+        lambda: GPT(vocab=50304, ctx=512, d=768, layers=12, heads=12),
+        lambda g: (torch.randint(0, 50304, (8, 512), generator=g),) * 2,
+        lambda out, y: nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                                   y.reshape(-1)),
+    ),
     "mlp": (
         lambda: mlp(),
         lambda g, batch=None: (torch.randn(batch or MLP_BATCH, 128, generator=g),
@@ -75,8 +82,9 @@ WORKLOADS = {
 }
 
 
-def build(name: str, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(name: str, seed: int = 0, device: str = "cpu"
+          ) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
-    model = WORKLOADS[name][0]()
+    model = WORKLOADS[name][0]().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return model, opt

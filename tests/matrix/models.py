@@ -243,7 +243,7 @@ class NanoGPT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(ids.shape[1])
+        pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.transformer.wte(ids) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)

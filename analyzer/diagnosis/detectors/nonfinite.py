@@ -19,6 +19,18 @@ from . import _changes, _data, _structure
 from .base import Context
 
 ID = "nonfinite"
+# per rank: all skipped steps, steps with an AMP flag, and the skips that are not the
+# scaler's calibration (before its first applied step) nor a probe of a grown scale
+_AMP_SKIPS = """
+WITH s AS (
+    SELECT rank, step, amp_skipped,
+           loss_scale > lag(loss_scale) OVER (PARTITION BY rank ORDER BY step) AS grown,
+           min(step) FILTER (WHERE NOT amp_skipped) OVER (PARTITION BY rank) AS first_ok
+    FROM steps WHERE amp_skipped IS NOT NULL)
+SELECT count(*) FILTER (WHERE amp_skipped), count(*),
+       count(*) FILTER (WHERE amp_skipped AND step > coalesce(first_ok, step)
+                        AND NOT coalesce(grown, false))
+FROM s"""
 NEEDS: tuple[str, ...] = ("NaN origin by module",)
 DEFAULTS: dict[str, Any] = {
     "amp_skip_frac": 0.05,   # with AMP, more than this share of skipped steps → warning
@@ -35,7 +47,8 @@ DOC = {
             "model's output was already nonfinite); else the module of the first parameter "
             "(model order) with a nonfinite gradient, as backward-made when the loss was "
             "still finite. evidence.direction: forward | backward. AMP overflow skips are "
-            "info.",
+            "info, unless beyond the GradScaler's own (its first calibration, a probe "
+            "after each growth) they exceed amp_skip_frac of the steps.",
     "fixes": "Lower the learning rate, clip gradients, guard log/sqrt/div with eps, check the "
              "input batch at that step, use bf16 or a GradScaler with fp16.",
 }
@@ -157,18 +170,23 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             ev["activation_tracing"] = str(untraced[0][0])
 
     # AMP: nonfinite grads on steps the GradScaler skipped, with a finite loss, are expected
-    amp = ctx.rows("SELECT count(*) FILTER (WHERE amp_skipped), count(amp_skipped), "
-                   "count(*) FROM steps")[0]
+    amp = ctx.rows(_AMP_SKIPS)[0]
     if q["loss"] is None and amp[1] and q["activation"] is None:
-        skip_frac = amp[0] / max(amp[1], 1)
+        # the scaler's own dynamics skip on purpose: it starts high and halves on each
+        # overflow until the scale fits (the run of skips before its first applied step),
+        # and after each growth it probes a doubled scale that may overflow once. Only the
+        # skips beyond those say the gradients themselves overflow.
+        skip_frac = amp[2] / max(amp[1], 1)
         ev["amp_skipped_steps"] = int(amp[0])
+        ev["amp_calibration_skips"] = int(amp[0] - amp[2])
         if skip_frac <= th.amp_skip_frac:
             return [Finding(
                 id=ID, severity="info", subject=subject, first_step=first,
                 title="Gradient overflows skipped by the GradScaler",
-                message=(f"{amp[0]} step(s) ({100 * skip_frac:.1f}%) had nonfinite gradients "
-                         f"and were skipped by the loss scaler, first at step {first}; the "
-                         "loss stayed finite. This is normal with fp16 mixed precision."),
+                message=(f"{amp[0]} step(s) had nonfinite gradients and were skipped by the "
+                         f"loss scaler, first at step {first} ({amp[0] - amp[2]} while it "
+                         "calibrated its scale, or probed a grown one); the loss stayed "
+                         "finite. This is normal with fp16 mixed precision."),
                 advice="Nothing to do unless it becomes frequent.", evidence=ev)]
         sev = "warning"
     else:
