@@ -53,8 +53,10 @@ def test_flops_and_mfu_against_the_device_peak(tmp_path: Path) -> None:
     model = NanoGPT(seed=0)
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, VOCAB, (8, SEQ), generator=g) for _ in range(12)]
-    want = _reference_flops(model, nanogpt_loss, batches[0])  # counted on the CPU copy
     model = model.cuda()
+    # FlopCounterMode around a step of a copy on the same device (CUDA's attention kernels
+    # are counted as such)
+    want = _reference_flops(model, nanogpt_loss, batches[0].cuda())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     with Recorder(tmp_path / "run", model=model, optimizer=opt, **FAST) as rec:
         for b in rec.wrap_loader([b.cuda() for b in batches]):
@@ -66,8 +68,7 @@ def test_flops_and_mfu_against_the_device_peak(tmp_path: Path) -> None:
     rows = _steps(tmp_path / "run")
     counted = [r for r in rows if r["flops"] is not None]
     assert len(counted) == len(rows) - 1
-    # the same model FLOPs as the CPU count (AdamW's elementwise work is not model FLOPs)
-    assert all(r["flops"] == pytest.approx(want, rel=0.02) for r in counted)
+    assert all(r["flops"] == want for r in counted)
     peak = peak_for(torch.cuda.get_device_name(), "fp32")
     for r in counted:
         assert r["tokens_per_s"] == pytest.approx(8 * SEQ / r["duration_s"])
@@ -81,7 +82,7 @@ def test_flops_and_mfu_against_the_device_peak(tmp_path: Path) -> None:
 def test_fp16_grad_scaler_overflow_skips_are_not_a_warning(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 8)).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     # a large first scale overflows the fp16 gradients: the scaler skips and halves until
     # it fits, the way every fp16 run starts
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 40)
