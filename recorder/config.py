@@ -70,8 +70,16 @@ class RecorderConfig:
     """Silence Kineto's ``USDT ... profiler_start/stop`` console lines at each window by
     setting ``KINETO_LOG_LEVEL=6`` (unless the user set it) before the first window. Off by
     default: Kineto logs USDT above ERROR, so this hides Kineto's error lines too."""
-    anomaly_mode: bool = False
-    """Turn on torch.autograd anomaly detection (slow: for debugging only)."""
+    anomaly_mode: bool | str = False
+    """torch.autograd anomaly detection: True (always: 5-20x slower), or ``"after_nonfinite"``
+    (the debug preset's): off until the first nonfinite loss or gradient, then on for
+    ``anomaly_steps`` steps, the failing op and its forward stack kept as an ``anomaly``
+    event."""
+    anomaly_steps: int = 20
+    """Steps the ``after_nonfinite`` window stays open (it opens again if NaNs come back)."""
+    anomaly_action: str = "record"
+    """``"record"``: an anomalous backward's error is kept and training goes on (that step's
+    gradients dropped); ``"raise"``: the error is raised in the training script."""
     flush_interval_s: float = 10.0
     """Longest time data stays in memory before it is written (what a kill -9 can lose)."""
     flush_rows: int = 200_000
@@ -163,6 +171,13 @@ class RecorderConfig:
         if self.flush_interval_s <= 0:
             raise ValueError("flush_interval_s must be > 0")
         report_targets(self.report_to)  # ValueError for an unknown target
+        if self.anomaly_mode not in (False, True, "after_nonfinite") or (
+                isinstance(self.anomaly_mode, int) and not isinstance(self.anomaly_mode, bool)):
+            raise ValueError("anomaly_mode must be False, True or 'after_nonfinite', got "
+                             f"{self.anomaly_mode!r}")
+        if self.anomaly_action not in ("record", "raise") or self.anomaly_steps < 1:
+            raise ValueError("anomaly_action must be 'record' or 'raise' and anomaly_steps "
+                             f">= 1, got {self.anomaly_action!r}, {self.anomaly_steps!r}")
         if min(self.queue_size, self.flush_rows, self.stats_chunk_elems,
                self.max_buffered_bytes, self.max_buffered_rows, self.max_spool_bytes) < 1:
             raise ValueError("queue_size, flush_rows, stats_chunk_elems, max_buffered_bytes, "
@@ -214,7 +229,8 @@ def _check(name: str, value: Any, hint: Any) -> None:
     if bool in allowed:
         if isinstance(value, bool):
             return
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        if str not in allowed:  # (bool | str: anomaly_mode's words, checked after)
+            raise ValueError(f"{name} must be True or False, got {value!r}")
     if int in allowed and isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -251,7 +267,7 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
         grad_norm_every=1, store_grad_norms=True, tensor_stats_every=25, param_stats_every=25,
         update_ratio_every=25, activation_stats_every=25, activation_nonfinite=True,
         memory_every=1, system_interval_s=1.0, profile_start=20, profile_every=1000,
-        flush_interval_s=5.0,
+        flush_interval_s=5.0, anomaly_mode="after_nonfinite",
     ),
 }
 
@@ -295,7 +311,8 @@ def unwrap_optimizer(optimizer: Any) -> Any:
 
 
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "general": ("enabled", "anomaly_mode", "handle_sigterm", "tune_malloc", "report_to",
+    "general": ("enabled", "anomaly_mode", "anomaly_steps", "anomaly_action",
+                "handle_sigterm", "tune_malloc", "report_to",
                 "peak_flops"),
     "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",
               "tensor_stats_every", "param_stats_every", "update_ratio_every",

@@ -89,6 +89,7 @@ class StepLifecycle:
         self.amp: ScalerHook | None = None
         self.profiler: ProfilerSchedule | None = None
         self.flops: FlopMeter | None = None
+        self.anomaly: Any = None  # anomaly.AnomalyWindow (anomaly_mode="after_nonfinite")
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              tokens: int | None = None, **metrics: Any) -> None:
@@ -237,6 +238,8 @@ class StepLifecycle:
             if self.profiler is not None:
                 self.profiler.after_step()
                 self.profiler.before_step(nxt.step)
+            if self.anomaly is not None:
+                self.anomaly.step_ended()
 
     def _drop_values(self, step: int, bad: list[tuple[str, Any]]) -> None:
         """rec.step() values that are not numbers: dropped one by one (the step and its number
@@ -354,7 +357,7 @@ class StepLifecycle:
             data_wait_s=acc.data_wait_s if acc.waited else None,
             floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
             scaler=acc.scaler, memory=memory, rss=self._probe.rss() if memory else None,
-            heap=self._probe.heap() if memory else None,
+            heap=self._probe.heap_at_commit() if memory else None,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc), sample_ids=acc.sample_ids,
             **_rates(acc, self._tokens(acc), self.flops),

@@ -52,8 +52,11 @@ class ProcessHooks:
                         file: Any = None, line: Any = None) -> None:
             r = ref()
             text = str(message)
-            if r is not None and not r._closed and "Error detected in" in text:
-                # autograd.detect_anomaly's forward traceback of the op that produced NaN.
+            window = getattr(getattr(r, "_life", None), "anomaly", None)
+            # autograd.detect_anomaly's forward traceback of the op that made NaN (while
+            # an after_nonfinite window is open, its own event says it: anomaly.py)
+            if (r is not None and not r._closed and "Error detected in" in text
+                    and (window is None or not window.active)):
                 subject = text.split("Error detected in", 1)[1].split(".")[0].strip()
                 r.event("anomaly", text.splitlines()[0], severity="error",
                         subject=subject, stack=text)

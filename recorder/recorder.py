@@ -30,6 +30,8 @@ from tracealyze.format.spool import Spool
 from . import clipping
 from .activations import ActivationCapture
 from .amp import ScalerHook
+from .anomaly import start as start_anomaly
+from .anomaly import stop as stop_anomaly
 from .budget import NormBudget
 from .capture import event_row, exception_row
 from .config import Preset, RecorderConfig, check_arguments, unwrap_optimizer
@@ -158,8 +160,7 @@ class Recorder:
                 "profiler_window", f"profiler window over steps {a}-{b}", severity="info",
                 first_step=a, last_step=b))
         tune_for(self._device, self.config.tune_malloc, self.event)  # (CPU, glibc: heap.py)
-        if self.config.anomaly_mode:
-            torch.autograd.set_detect_anomaly(True)
+        self._life.anomaly = start_anomaly(self)  # (anomaly.py)
         if self._spool is not None:  # object storage: uploads of what the writer flushed
             self._spool.start(self.event, self.config, self.rank, self._writer)
         self._process = ProcessHooks(self, handle_sigterm=self.config.handle_sigterm)
@@ -384,8 +385,7 @@ class Recorder:
                     getattr(self, "_process", None)])
         self._handles = []
         clipping.uninstall(id(self))
-        if self.config.anomaly_mode:
-            torch.autograd.set_detect_anomaly(False)
+        stop_anomaly(self)
 
     def _counters(self) -> dict[str, Any]:
         # (the writer's first flush can come before its constructor returned to us)

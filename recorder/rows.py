@@ -373,7 +373,10 @@ def nan_origin(p: Piece, bad: np.ndarray, outputs: np.ndarray) -> str:
 
 def _report_nonfinite(out: _Out, st: dict[str, Any], it: StepItem, what: str, subject: str,
                       message: str) -> None:
-    """One event per kind of nonfinite value, at its first occurrence."""
+    """One event per kind of nonfinite value, at its first occurrence (and, at every one,
+    the anomaly window's signal: anomaly.py)."""
+    if st.get("on_nonfinite") is not None:
+        st["on_nonfinite"]()
     if what in st:
         st[what + "_count"] = st.get(what + "_count", 1) + 1
         return

@@ -195,7 +195,7 @@ def test_tensor_and_event_kinds_come_from_the_format_vocabulary() -> None:
         written.update(re.findall(r'event_row\([^,]+,\s*"([a-z_]+)"', text))
         written.update(re.findall(r'kind="([a-z_]+)"', text))
         written.update(re.findall(r'Piece\("([a-z_]+)"', text))
-    pieces_only = {"grad_norms", "act_nf", "act_sat", "loss_scale"}  # routing labels
+    pieces_only = {"grad_norms", "act_nf", "act_sat", "act_bnf", "loss_scale"}  # routing labels
     user_example = {"checkpoint"}  # rec.event's docstring: a kind of the user's own
     assert written - pieces_only - user_example <= known, written - known - pieces_only
     assert {"param_coverage", "model_structure", "exception"} <= written
