@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pytest
 import torch
 from torch import nn
+from tracealyze.analyzer import build_summary
 from tracealyze.recorder import Recorder
 
 EVERY = 12  # a bad batch every EVERY steps
@@ -86,6 +87,11 @@ def test_recurring_nans_are_caught_and_training_goes_on(tmp_path: Path) -> None:
     assert len(windows) >= 2  # opened (and closed) again when the NaNs came back
     steps = ds.dataset(run / "steps", partitioning="hive").to_table().to_pylist()
     assert len(steps) == 72  # training went on to the end
+    # the finding says which op and which line of the user's code
+    (f,) = [f for f in build_summary(run)["findings"] if f["id"] == "nonfinite"]
+    assert f["evidence"]["anomaly"]["user_frame"] == f"{__file__}:{line}"
+    assert f["evidence"]["anomaly"]["step"] == bad[1]  # the window opened after the first
+    assert f"{Path(__file__).name}:{line}" in f["message"] and "Backward" in f["message"]
 
 
 def test_raise_stops_at_the_anomalous_backward(tmp_path: Path) -> None:

@@ -194,14 +194,42 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     ids = _data.sample_ids(ctx, [first])
     if ids:  # the batch the NaN came with (a bad sample, or just the step it surfaced at)
         ev = {**ev, "sample_ids": {str(k): v for k, v in ids.items()}}
+    caught = _anomaly(ctx)
+    if caught:
+        ev = {**ev, "anomaly": caught}
     return [Finding(
         id=ID, severity=sev, subject=subject, first_step=first,
         title=f"NaN/Inf first appeared at step {first} in {subject}",
         message=(f"Nonfinite values appeared at step {first}: {where}."
                  + (f" The loss went nonfinite at step {q['loss']}."
                     if q["loss"] is not None else "")
-                 + (_lr_context(ctx, first) if subject not in _INPUT_NAMES else "")),
+                 + (_lr_context(ctx, first) if subject not in _INPUT_NAMES else "")
+                 + (_anomaly_text(caught) if caught else "")),
         advice=DOC["fixes"], evidence=ev, chart=anchors.GRAD_HEATMAP)]
+
+
+def _anomaly(ctx: Context) -> dict[str, Any] | None:
+    """The first backward that autograd's anomaly detection caught (an ``anomaly`` event
+    of anomaly_mode): the op, the user's line, at which step; None if none."""
+    row = ctx.rows(
+        "SELECT step, subject, json_extract_string(details, '$.op'), "
+        "json_extract_string(details, '$.user_frame'), "
+        "json_extract_string(details, '$.stack_of') FROM events WHERE kind = 'anomaly' "
+        "ORDER BY step NULLS LAST, time LIMIT 1")
+    if not row:
+        return None
+    step, subject, op, frame, stack_of = row[0]
+    return {"step": None if step is None else int(step), "op": op or subject,
+            "user_frame": frame, "stack_of": stack_of}
+
+
+def _anomaly_text(a: dict[str, Any]) -> str:
+    where = f" at step {a['step']}" if a["step"] is not None else ""
+    text = f" Autograd's anomaly detection caught it in {a['op'] or 'an op'}{where}"
+    if a["user_frame"]:
+        made = "made by the forward call at" if a["stack_of"] == "forward" else "backward from"
+        text += f", {made} {a['user_frame']}"
+    return text + "."
 
 
 def _lr_context(ctx: Context, first: int) -> str:
