@@ -90,6 +90,7 @@ class StepLifecycle:
         self.profiler: ProfilerSchedule | None = None
         self.flops: FlopMeter | None = None
         self.anomaly: Any = None  # anomaly.AnomalyWindow (anomaly_mode="after_nonfinite")
+        self.tree: Any = None  # model_tree.ModelWatch
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              tokens: int | None = None, **metrics: Any) -> None:
@@ -364,6 +365,8 @@ class StepLifecycle:
         )
         self.next_step = acc.step + 1
         self._rundir.step_committed()
+        if self.tree is not None:
+            self.tree.step_ended(acc.step)
         self._writer.submit(item, "steps")
 
 

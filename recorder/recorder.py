@@ -27,11 +27,9 @@ from torch import nn
 from tracealyze.format.parts import COMPACT_FANOUT
 from tracealyze.format.spool import Spool
 
-from . import clipping
+from . import anomaly, clipping
 from .activations import ActivationCapture
 from .amp import ScalerHook
-from .anomaly import start as start_anomaly
-from .anomaly import stop as stop_anomaly
 from .budget import NormBudget
 from .capture import event_row, exception_row
 from .config import Preset, RecorderConfig, check_arguments, unwrap_optimizer
@@ -44,6 +42,7 @@ from .hooks import compiled, device_of, remove_all, unwrap_model, wrapped_in_ddp
 from .interrupts import HeldInterrupts, say_gave_up
 from .lifecycle import StepLifecycle
 from .loader import TimedLoader
+from .model_tree import ModelWatch
 from .process_hooks import ProcessHooks
 from .profiling import ProfilerSchedule
 from .report_to import Reporter
@@ -126,9 +125,8 @@ class Recorder:
         self._reader.on_present = Coverage(self._named_params, lambda: self.optimizer,
                                            self._info("param_coverage")).seen
         # DDP: every rank holds the same gradients; rank 0 writes their per-parameter rows
-        self._grad_rows = (self.config.grad_stats_all_ranks or not self._ddp
-                           or self.rank == 0)
-        self._reader.grad_stats = self._grad_rows
+        self._reader.grad_stats = self._grad_rows = (
+            self.config.grad_stats_all_ranks or not self._ddp or self.rank == 0)
         self._probe = MemoryProbe(self._device)
         self._writer = Writer(
             self.run_dir, self.rank, flush_interval_s=self.config.flush_interval_s,
@@ -160,7 +158,7 @@ class Recorder:
                 "profiler_window", f"profiler window over steps {a}-{b}", severity="info",
                 first_step=a, last_step=b))
         tune_for(self._device, self.config.tune_malloc, self.event)  # (CPU, glibc: heap.py)
-        self._life.anomaly = start_anomaly(self)  # (anomaly.py)
+        self._life.anomaly = anomaly.start(self)  # (anomaly.py)
         if self._spool is not None:  # object storage: uploads of what the writer flushed
             self._spool.start(self.event, self.config, self.rank, self._writer)
         self._process = ProcessHooks(self, handle_sigterm=self.config.handle_sigterm)
@@ -205,6 +203,8 @@ class Recorder:
             clipping.install(id(self), life.clip_sink, life.clip_max)
         if self.world_size > 1:
             self._handles += watch_compute(self._named_params, life.grad_landed)
+        if self.model is not None:  # (its tree now, and again if it changes size)
+            life.tree = ModelWatch(self.model, lambda: self.optimizer, self._info("model_tree"))
         if self.model is not None and not self._compiled_model:  # (one forward pass)
             self._handles.append(StructureProbe(self.model, self._info("model_structure")))
             life.flops = FlopMeter(self.model, cfg.peak_flops, self._info("flops_counted"))
@@ -385,7 +385,7 @@ class Recorder:
                     getattr(self, "_process", None)])
         self._handles = []
         clipping.uninstall(id(self))
-        stop_anomaly(self)
+        anomaly.stop(self)
 
     def _counters(self) -> dict[str, Any]:
         # (the writer's first flush can come before its constructor returned to us)

@@ -159,6 +159,7 @@ def collect(run: Any, findings: list[Finding],
     Analysis), the GPU time breakdown (computed once, by the analysis) and what could not be
     checked."""
     from .events import event_rows, events_chart
+    from .model import model_section
 
     ranks = sorted(int(r) for r in (run.ranks or [0]))
     ctx = ReportContext(con=run.con, ranks=ranks, rank=ranks[0] if ranks else 0,
@@ -169,6 +170,7 @@ def collect(run: Any, findings: list[Finding],
     for label, build in SECTIONS:
         sections.extend(s for s in build(ctx) if s[2])
         tick(label)
+    model = model_section(ctx)
     ev_chart = events_chart(ctx)
     ev_rows, ev_groups, ev_total = event_rows(ctx)
     tick("events")
@@ -180,6 +182,7 @@ def collect(run: Any, findings: list[Finding],
         "findings": cards(ctx.findings, {c.anchor for c in charts}),
         "not_checked": not_checked or [],
         "sections": sections,
+        "model": model,
         "events_chart": ev_chart,
         "events": ev_rows, "event_groups": ev_groups, "event_total": ev_total,
         "gpu_time": ctx.gpu_time,
