@@ -15,6 +15,7 @@ parameters; the total is the squared global norm).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .context import ReportContext
@@ -42,7 +43,9 @@ def _events(ctx: ReportContext) -> list[dict[str, Any]]:
 
 
 def _num(v: Any) -> int:
-    return int(v) if isinstance(v, (int, float)) and v == v else 0
+    """A count from the (untrusted) event: a finite non-negative number, else 0."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return max(int(v), 0) if ok else 0
 
 
 def _tree(modules: list[dict[str, Any]]) -> dict[str, Any]:
@@ -169,7 +172,8 @@ def model_section(ctx: ReportContext) -> dict[str, Any] | None:
     return {
         "root": root, "blocks": block_rows, "blocks_of": parent["name"] or "(model)",
         "total": _num(last.get("total_params")), "trainable": _num(last.get("trainable_params")),
-        "optimizer": last.get("optimizer_params"),
+        "optimizer": (None if last.get("optimizer_params") is None
+                      else _num(last.get("optimizer_params"))),
         "modules": _num(last.get("modules_total")) or len(last["modules"]),
         "shared": shared, "counted_twice": _num(last.get("counted_twice")),
         "buffer_elements": _num(last.get("buffer_elements")), "grown": grown,

@@ -107,3 +107,29 @@ def test_the_page_shows_it(run: Path, tmp_path: Path) -> None:
     for text in ("transformer.wte", "transformer.h", "<code>lm_head.weight</code>",
                  "history.seen", "frozen", "GPT2Block"):
         assert text in section, text
+
+
+def test_a_hostile_model_tree_event_still_renders(tmp_path: Path) -> None:
+    from tests.runfactory import make_run
+
+    run_dir = make_run(tmp_path / "run", steps=40)
+    hostile = {"modules": [{"name": "", "type": "<script>alert(1)</script>"},
+                           {"name": "a", "params": float("inf")}, {"name": 5}, "junk",
+                           {"name": "a.b", "params": "x", "dtype": "<b>"},
+                           {"name": "c", "params": 7, "trainable": -3}],
+               "shared": [{"param": "<img src=x>", "same_as": "a"}, 3],
+               "buffers": "nope", "optimizer_params": "many", "total_params": None}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    events = run_dir / "events" / "rank=0"
+    events.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({
+        "step": pa.array([0], pa.int64()), "time": [1.0], "kind": ["model_tree"],
+        "severity": ["info"], "subject": pa.array([None], pa.string()),
+        "message": ["m"], "details": [json.dumps(hostile)],
+        "stack": pa.array([None], pa.string())}), events / "part-999999.parquet")
+    page = write_report(run_dir, tmp_path / "r.html", progress=False).read_text()
+    section = page.split('id="model-section"', 1)[1].split("</section>", 1)[0]
+    assert "<script>alert" not in section and "<img src=x>" not in section
+    assert "&lt;img src=x&gt;" in section
