@@ -14,8 +14,11 @@ writer thread.
 
 The origin, in firing order (backward runs from the loss towards the input): the first
 nonfinite gradient was made by its tensor's consumer module, whose own output's gradient
-was finite (direction ``backward``); when no probed module consumed it, by plain code: the
-loss's backward for the model's output, else the forward code of the producer's parent.
+was finite (direction ``backward``). A hook sees the sum of the gradients of every consumer
+of its tensor: a tensor that is also an ancestor module's input may have been made
+nonfinite by plain code there, so that ancestor is named (it holds the origin either way);
+when no probed module consumed it, by plain code: the loss's backward for the model's
+output, else the forward code of the producer's parent.
 """
 
 from __future__ import annotations
@@ -89,6 +92,13 @@ def origin(labels: tuple[str, ...], bad: Any) -> tuple[str, str] | None:
             continue
         if ins:
             m = ins[0]  # the innermost consumer (a child's hook runs before its parent's)
+            outer = ins[-1]
+            if outer != m and m.startswith(outer + "."):
+                # the tensor is also its ancestor's input: the gradient a hook sees is the
+                # sum over every consumer, and plain code in that ancestor may be one
+                return outer, (f"the gradient of the input of {m}, which {outer} also "
+                               f"takes, went nonfinite: the backward of {m} or plain code "
+                               f"in the forward of {outer} made it")
             if m in finite_out:
                 return m, f"the backward of module {m} turned finite gradients nonfinite"
             return m, f"the gradient leaving module {m} went nonfinite"

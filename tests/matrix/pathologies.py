@@ -77,6 +77,12 @@ class Pathology:
     """Targets drawn at random (the spec's ``randomize``)."""
     log0_at: int | None = None
     """A hand-written loss takes log(0) at this step."""
+    nan_backward_at: int | None = None
+    """plain code in ``nan_parent``'s forward makes a NaN in the backward at this step (a
+    finite forward: |h| written as sqrt(h*h) at h = 0 exactly)."""
+    late_block: bool = False
+    """The spec's ``freeze`` block is replaced by a fresh copy after the optimizer is built
+    (a new head put in after ``AdamW(model.parameters())``): it trains in no param group."""
     keep_outputs_from: int | None = None
     """From this step, every leaf module's output is kept (detached) in a list."""
     workers: int = 0
@@ -146,6 +152,14 @@ PATHOLOGIES: dict[str, Pathology] = {
                     mentions_if=lambda spec: ("chance",) if spec.chance_loss else ()),
         random_labels=True, needs="randomize"),
     "log0": Pathology(truth=Truth(ids=("nonfinite",), step=LOG0_STEP), log0_at=LOG0_STEP),
+    # ---- #30: a NaN made by the backward, a block outside the optimizer
+    "nan_backward": Pathology(
+        truth=Truth(ids=("nonfinite",), subject=lambda spec: spec.nan_parent, step=NAN_STEP,
+                    mentions=("backward",)),
+        nan_backward_at=NAN_STEP, preset="debug"),
+    "late_block": Pathology(truth=Truth(ids=("optimizer_coverage",),
+                                        subject=lambda spec: spec.freeze),
+                            late_block=True, needs="freeze"),
     "leak_list": Pathology(truth=Truth(ids=("memory_leak",),
                                        subject=lambda spec: ("heap_bytes", "rss_bytes"),
                                        step=LEAK_STEP),

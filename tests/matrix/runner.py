@@ -7,6 +7,7 @@ their ranks as processes of their own (gloo over loopback), as torchrun would.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import socket
 import subprocess
@@ -90,6 +91,23 @@ def _poison(spec: ModelSpec, model: nn.Module, at: int, state: dict[str, int]) -
     child.register_forward_pre_hook(pre)
 
 
+def _poison_backward(spec: ModelSpec, model: nn.Module, at: int, state: dict[str, int]
+                     ) -> None:
+    """Plain code in ``spec.nan_parent``'s forward, right before it calls ``nan_child``,
+    adds |h| written as sqrt(h*h) for an h that is exactly 0: the forward adds 0 (finite),
+    the backward multiplies sqrt's infinite slope at 0 by 0: NaN, made in the parent."""
+    child = model.get_submodule(f"{spec.nan_parent}.{spec.nan_child}")
+
+    def pre(_m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if state["step"] != at or not torch.is_grad_enabled():
+            return None
+        x = args[0]
+        h = x * 0
+        return (x + torch.sqrt(h * h), *args[1:])
+
+    child.register_forward_pre_hook(pre)
+
+
 def _largest(out: Any) -> torch.Tensor | None:
     """The largest tensor in a model's output (logits rather than a scalar loss)."""
     items = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) \
@@ -152,12 +170,22 @@ def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
         _poison(spec, model, p.nan_at, state)
     if p.slow_rank_s and rank == STRAGGLER_RANK:
         model.register_forward_pre_hook(lambda _m, _a: time.sleep(p.slow_rank_s))
+    if p.nan_backward_at is not None:
+        _poison_backward(spec, model, p.nan_backward_at, state)
     kept: list[torch.Tensor] = []
     _set_up(spec, p, model, state, kept)
     train_model: nn.Module = model
     if p.world_size > 1:
         train_model = nn.parallel.DistributedDataParallel(model)
     opt = spec.optimizer(model, spec.lr)
+    if p.late_block:  # the bug: a fresh block put in after the optimizer was built
+        parent, _, leaf = spec.freeze.rpartition(".")
+        holder = model.get_submodule(parent) if parent else model
+        fresh = copy.deepcopy(getattr(holder, leaf))
+        for t in fresh.parameters():
+            with torch.no_grad():
+                t.add_(torch.randn_like(t) * 0.01)
+        setattr(holder, leaf, fresh)
     base = [g["lr"] for g in opt.param_groups]
     mult = p.lr_schedule or p.lr_mult
     with Recorder(run_dir, model=train_model, optimizer=opt, preset=p.preset,

@@ -179,3 +179,27 @@ def test_a_forward_made_nan_still_blames_the_forward(tmp_path: Path, arch: str) 
     f = _run(tmp_path / "run", model, batch)
     assert f["evidence"]["direction"] == "forward" and f["subject"] == "bad", f
     assert f["first_step"] == BAD_FROM
+
+
+class SharedInput(nn.Module):
+    """Plain code that takes the same input as a child: sqrt((x*0)²)'s NaN gradient lands on
+    x, which the child also consumes; the child's backward is innocent."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if Switch.on:
+            h = x * 0
+            y = y + torch.sqrt(h * h)
+        return y
+
+
+def test_a_nan_on_an_input_that_plain_code_shares_names_the_parent(tmp_path: Path) -> None:
+    # the hook on x sees the sum of the gradients of every consumer (lin and the parent's
+    # plain code): the child whose input it is cannot be blamed on that alone
+    f = _run(tmp_path / "run", Block(SharedInput()), _tokens)
+    assert f["evidence"]["direction"] == "backward" and f["subject"] == "bad", f
+    assert f["first_step"] == BAD_FROM
