@@ -5,6 +5,7 @@ time) and judged by the real analyzer; prints the rates table that README shows.
     python benchmarks/matrix.py --root /tmp/matrix                  # seeds 0-4
     python benchmarks/matrix.py --root /tmp/matrix --seeds 1 2 --parallel 2
     python benchmarks/matrix.py --root /tmp/matrix --judge-only     # re-judge recorded runs
+    python benchmarks/matrix.py --root /tmp/new --pathologies nan_backward late_block
 
 CI runs seed 0 of every cell (tests/matrix/test_matrix.py). Runs already recorded under
 --root are kept (delete the folder to record again).
@@ -30,12 +31,17 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--judge-only", action="store_true")
+    ap.add_argument("--pathologies", nargs="+", help="only these cells (default: all)")
     args = ap.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
     if not args.judge_only:
         for seed in args.seeds:
             todo = []
             for cells in jobs(seed):
+                if args.pathologies:
+                    cells = [c for c in cells if c.split(":")[1] in args.pathologies]
+                    if not cells:
+                        continue
                 # a job whose runs are all recorded already is skipped
                 names = [c.split(":") for c in cells]
                 if not all((args.root / (f"{m}-{p}" + (f"-s{seed}" if seed else ""))
