@@ -58,6 +58,12 @@ def _footer(f: Path, schemas: _Schemas) -> tuple[Any, int] | str:
         return f"unreadable Parquet footer ({type(e).__name__}: {one_line(e)[:160]})"
 
 
+def _castable(got: str | None, want: str) -> bool:
+    """Whether the view can cast a column of logical type ``got`` to ``want``: scalars to
+    scalars (widening, narrowing, bool, string), a list only to a list."""
+    return got is not None and got.endswith("[]") == want.endswith("[]")
+
+
 def validate(files: list[Path], skipped: list[tuple[Path, str]], table: str | None = None,
              rows: dict[Path, int] | None = None, *, relist: bool = True
              ) -> list[tuple[Path, Any]] | None:
@@ -86,7 +92,8 @@ def validate(files: list[Path], skipped: list[tuple[Path, str]], table: str | No
         schema, n = got
         if schema not in verdicts:
             bad = [(fld.name, str(fld.type)) for fld in schema
-                   if fld.name in want and arrow_to_logical(fld.type) is None]
+                   if fld.name in want and not _castable(arrow_to_logical(fld.type),
+                                                        want[fld.name])]
             verdicts[schema] = (f"column {bad[0][0]} has type {bad[0][1]}, expected "
                                 f"{want[bad[0][0]]}") if bad else None
         if verdicts[schema] is not None:

@@ -65,7 +65,7 @@ def _loop(run: Path, slow_s: float, steps: int, lr: float, leak_bytes: int) -> N
 def test_recorded_pairs(tmp_path: Path) -> None:
     _train(tmp_path / "a")
     _train(tmp_path / "b")
-    _train(tmp_path / "slow", slow_s=0.012)
+    _train(tmp_path / "slow", slow_s=0.03)  # (a wide gap: shares move little near 1)
     same = compare_runs(tmp_path / "a", tmp_path / "b")
     assert same["comparable"] and same["findings"]["new"] == []
     # the same seed: the losses and gradient norms are identical step for step

@@ -26,9 +26,13 @@ def test_high_lr_explosion_is_flagged_before_the_first_nan(seed: int, tmp_path: 
         checks.describe(summary)
     assert expl["first_step"] + 5 <= nonfinite["first_step"]
     assert expl["severity"] in ("error", "critical")
-    # no activation tracing in the standard preset: the subject is a parameter of the model
-    # (its gradient overflowed first), named as in model.named_parameters()
-    assert re.fullmatch(r"[02]\.(weight|bias)", nonfinite["subject"]), nonfinite
+    # no activation tracing in the standard preset: the gradient of a parameter overflowed
+    # first while the loss was still finite, so the module holding it is named, its backward
+    # having made the Inf, with the parameters (named as in model.named_parameters())
+    assert re.fullmatch(r"[02]", nonfinite["subject"]), nonfinite
+    assert nonfinite["evidence"]["direction"] == "backward"
+    assert all(re.fullmatch(r"[02]\.(weight|bias)", p)
+               for p in nonfinite["evidence"]["parameters"]), nonfinite
     # the loss itself ends NaN: divergence is reported too, after the jump
     div = checks.one(summary, "loss_divergence")
     assert S.LR_JUMP_STEP <= div["first_step"] <= nonfinite["first_step"] + 10
