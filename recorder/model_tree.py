@@ -81,17 +81,30 @@ class ModelWatch:
     def __init__(self, model: nn.Module, optimizer: Callable[[], Any],
                  emit: Callable[[str, dict[str, Any]], None]) -> None:
         self.model, self.optimizer, self.emit = model, optimizer, emit
-        self.sig = _signature(model)
-        self._write("at the start")
+        self.error: BaseException | None = None  # a model this cannot read: it stops
+        self.sig: tuple[int, int, int] | None = None
+        self._check("at the start")
 
     def step_ended(self, step: int) -> None:
         """Training thread, each committed step: a walk every ``CHECK_EVERY`` steps."""
-        if step % CHECK_EVERY or step == 0:
-            return
-        sig = _signature(self.model)
-        if sig != self.sig:
-            self.sig = sig
-            self._write(f"changed by step {step}")
+        if step % CHECK_EVERY == 0 and step and self.error is None:
+            self._check(f"changed by step {step}")
+
+    def _check(self, when: str) -> None:
+        # a module tree that cannot be walked (an exotic wrapper) must cost the run nothing
+        # but this record: never an exception into the constructor or a step
+        try:
+            sig = _signature(self.model)
+            if sig != self.sig:
+                self.sig = sig
+                self._write(when)
+        except Exception as exc:
+            self.error = exc
+            try:
+                self.emit(f"the model's tree could not be read ({when}): "
+                          f"{type(exc).__name__}: {exc}", {"error": str(exc)[:1000]})
+            except Exception:
+                pass
 
     def _write(self, when: str) -> None:
         d = describe(self.model, self.optimizer())

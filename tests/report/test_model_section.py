@@ -133,3 +133,28 @@ def test_a_hostile_model_tree_event_still_renders(tmp_path: Path) -> None:
     section = page.split('id="model-section"', 1)[1].split("</section>", 1)[0]
     assert "<script>alert" not in section and "<img src=x>" not in section
     assert "&lt;img src=x&gt;" in section
+
+
+def test_a_model_whose_tree_cannot_be_read_costs_only_a_line(tmp_path: Path) -> None:
+    class Exotic(nn.Linear):
+        """A wrapper written against an older nn.Module: its named_parameters takes no
+        remove_duplicate (which the tree walk passes)."""
+
+        def named_parameters(self, prefix: str = "", recurse: bool = True):  # type: ignore[override]
+            return super().named_parameters(prefix=prefix, recurse=recurse)
+
+    model = Exotic(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(tmp_path / "run", model=model, optimizer=opt, system_interval_s=0,
+                  profile_start=0) as rec:
+        for _ in range(3):
+            loss = model(torch.randn(2, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+        assert rec.errors == 0
+    (event,) = _tree_events(tmp_path / "run")
+    assert "remove_duplicate" in event["error"] and "modules" not in event
+    page = write_report(tmp_path / "run", tmp_path / "r.html", progress=False).read_text()
+    assert 'id="model-section"' not in page
