@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -129,3 +130,34 @@ def test_a_compiled_model_records_every_step(tmp_path: Path) -> None:
     assert rows[-1]["loss"] < rows[0]["loss"]
     events = ds.dataset(tmp_path / "run" / "events", partitioning="hive").to_table()
     assert "recorder_error" not in events.column("kind").to_pylist()
+
+
+def test_the_anomaly_window_on_cuda(tmp_path: Path) -> None:
+    from tests.recorder.test_anomaly_window import EVERY, Net, _batch
+
+    torch.manual_seed(0)
+    m = Net().cuda()
+    with torch.no_grad():
+        m.a.bias.zero_()
+    m.a.bias.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01)
+    with Recorder(tmp_path / "run", model=m, optimizer=opt, preset="debug",
+                  flush_interval_s=0.2, profile_start=0, system_interval_s=0) as rec:
+        for step in range(4 * EVERY):
+            loss = m(_batch(step).cuda()).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            for p in m.parameters():  # (the loop's own guard: NaN gradients zeroed)
+                if p.grad is not None:
+                    torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
+            opt.step()
+            rec.step(loss=loss)
+            torch.cuda.synchronize()
+            time.sleep(0.02)  # (steps long enough for the writer to see each NaN in time)
+        assert rec.errors == 0
+    t = ds.dataset(tmp_path / "run" / "events", partitioning="hive").to_table().to_pylist()
+    caught = [json.loads(e["details"]) for e in t if e["kind"] == "anomaly"]
+    assert caught and all("test_anomaly_window.py" in (d["user_frame"] or "") for d in caught)
+    (f,) = [f for f in _summary(tmp_path / "run")["findings"] if f["id"] == "nonfinite"]
+    assert f["evidence"]["anomaly"]["user_frame"].startswith(
+        str(Path(__file__).parent / "test_anomaly_window.py"))
