@@ -46,6 +46,12 @@ def user_frame(stack: str) -> str | None:
     return None
 
 
+MAX_WINDOWS = 3
+"""Windows a run opens at most. A run whose NaNs never stop (weights gone NaN, no guard in
+the loop) would otherwise run in anomaly mode, 5-20x slower, for the rest of the run; what
+made the NaN is caught in the first window, and recurring ones in the next two."""
+
+
 class AnomalyWindow:
     """The after_nonfinite window of one Recorder. ``nonfinite_seen()`` from any thread;
     ``step_ended()`` and ``close()`` on the training thread."""
@@ -58,11 +64,12 @@ class AnomalyWindow:
         self.left = 0
         self.active = False
         self.caught = 0
+        self.opened = 0  # windows so far (at most MAX_WINDOWS)
         self._thread: int | None = None
         self._orig: dict[str, Any] = {}
 
     def nonfinite_seen(self) -> None:
-        if not self.active:
+        if not self.active and self.opened < MAX_WINDOWS:
             self.pending = True
 
     def step_ended(self) -> None:
@@ -79,6 +86,7 @@ class AnomalyWindow:
             self._off("the run is closing")
 
     def _on(self) -> None:
+        self.opened += 1
         self._thread = threading.get_ident()
         torch.autograd.set_detect_anomaly(True, check_nan=True)
         self._orig = {"tensor": torch.Tensor.backward, "autograd": torch.autograd.backward}

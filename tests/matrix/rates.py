@@ -9,6 +9,7 @@ roots (the test session's matrix, plus any extra seeds recorded with
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -30,7 +31,10 @@ def runs(*roots: Path) -> list[tuple[str, str, Path]]:
     return out
 
 
-def rates_table(*roots: Path) -> str:
+def rates_table(*roots: Path, reuse_verdicts: bool = False) -> str:
+    """The table over every run under ``roots``, each judged by the current analyzer;
+    ``reuse_verdicts``: take a run's ``verdict.json`` where this session's test_matrix wrote
+    one (the suite: the 273 summaries are not computed twice)."""
     from tests.matrix.test_matrix import judge, manifested
 
     found = runs(*roots)
@@ -44,7 +48,9 @@ def rates_table(*roots: Path) -> str:
             continue
         misses = []
         for m, d in mine:
-            problems = judge(m, p, checks.summarize(d), d)
+            verdict = d / "verdict.json"
+            problems = (json.loads(verdict.read_text()) if reuse_verdicts and verdict.exists()
+                        else judge(m, p, checks.summarize(d), d))
             if problems:
                 misses.append(f"{d.name}: {'; '.join(problems)}")
         ok = len(mine) - len(misses)

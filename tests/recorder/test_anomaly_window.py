@@ -144,3 +144,27 @@ def test_bad_anomaly_knobs_are_refused_at_construction(tmp_path: Path, knobs: di
     with pytest.raises(ValueError, match="anomaly"):
         Recorder(tmp_path / "run", model=m, **knobs)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.parquet"))
+
+
+def test_a_run_whose_nans_never_stop_opens_at_most_three_windows(tmp_path: Path) -> None:
+    from tracealyze.recorder.anomaly import MAX_WINDOWS
+
+    torch.manual_seed(0)
+    m = Net()
+    with torch.no_grad():
+        m.b.weight.fill_(float("nan"))  # dead from the start: every step is NaN
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    with Recorder(tmp_path / "run", model=m, optimizer=opt, preset="debug",
+                  flush_interval_s=0.2, profile_start=0, system_interval_s=0,
+                  anomaly_steps=3) as rec:
+        for step in range(120):
+            loss = m(_batch(step * EVERY)).pow(2).mean()  # (never a zero batch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+            time.sleep(0.03)  # (the writer sees each step's NaN a few steps later)
+    opened = [e for e in _events(tmp_path / "run", "anomaly_mode")
+              if json.loads(e["details"]).get("steps")]
+    assert len(opened) == MAX_WINDOWS  # not one every few steps for the rest of the run
+    assert not torch.is_anomaly_enabled()
