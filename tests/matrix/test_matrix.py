@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,14 @@ CASES = [(m, p) for m in MODELS for p in ORDER if applies(m, MODELS[m], p)]
 
 def jobs(seed: int = 0) -> list[list[str]]:
     """Runner arguments, one list per process: per model, the leak first and every other
-    cell, then each of ALONE by itself."""
-    out = []
+    cell; then each of ALONE by itself."""
+    out, alone = [], []
     for m in MODELS:
         cells = [p for p in ORDER if applies(m, MODELS[m], p)]
         tag = f":{seed}" if seed else ""
         out.append([f"{m}:{p}{tag}" for p in cells if p not in ALONE])
-        out += [[f"{m}:{p}{tag}"] for p in cells if p in ALONE]
-    return out
+        alone += [[f"{m}:{p}{tag}"] for p in cells if p in ALONE]
+    return out + alone  # the long processes first: the short ones fill the gaps at the end
 
 
 @pytest.fixture(scope="session")
@@ -56,23 +57,32 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_jobs(root: Path, todo: list[list[str]], parallel: int = 2) -> list[str]:
-    """Record ``todo`` (runner argument lists), ``parallel`` processes at a time; the
-    failures, with their output's tail."""
+    """Record ``todo`` (runner argument lists), ``parallel`` processes at a time, starting the
+    next as soon as any one ends (a model's 20 cells take ~70 s, a lone leak cell ~10 s:
+    waiting for the oldest left a core idle); the failures, with their output's tail. Each
+    process writes its output to a log file (a pipe left unread could fill and block it)."""
     pending = list(todo)
-    running: list[tuple[str, subprocess.Popen[bytes]]] = []
+    running: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     failures = []
     while pending or running:
         while pending and len(running) < parallel:
             cells = pending.pop(0)
+            name = cells[0].replace(":", "-")
+            log = root / f"{name}.log"
             args = [sys.executable, "-m", "tests.matrix.runner", str(root), *cells]
-            running.append((cells[0].replace(":", "-"), subprocess.Popen(
-                args, cwd=REPO_ROOT, env=_env(), stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT)))
-        name, proc = running.pop(0)
-        out, _ = proc.communicate(timeout=1800)
-        (root / f"{name}.log").write_bytes(out)
-        if proc.returncode != 0:
-            failures.append(f"{name}: exit {proc.returncode}\n{out.decode()[-3000:]}")
+            with log.open("wb") as out:
+                proc = subprocess.Popen(args, cwd=REPO_ROOT, env=_env(), stdout=out,
+                                        stderr=subprocess.STDOUT)
+            running.append((name, proc, log))
+        done = [r for r in running if r[1].poll() is not None]
+        if not done:
+            time.sleep(0.1)
+            continue
+        for name, proc, log in done:
+            running.remove((name, proc, log))
+            if proc.returncode != 0:
+                text = log.read_bytes().decode(errors="replace")
+                failures.append(f"{name}: exit {proc.returncode}\n{text[-3000:]}")
     return failures
 
 
