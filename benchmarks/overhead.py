@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tracealyze.recorder import Recorder
-from workloads import WORKLOADS, build
+from workloads import WORKLOADS, build, timed_step
 
 
 class HandRolledTB:
@@ -106,18 +106,7 @@ def one_round(workload: str, config: str, steps: int, warmup: int, seed: int,
     batches = [tuple(t.to(device) for t in make_batch(g)) for _ in range(8)]
 
     def train_step(model, opt, x, y, log) -> float:
-        if cuda:  # the harness's sync point: the other replica's queued work is not ours
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if log is not None:
-            log.step(loss=loss)
-        if cuda:  # the harness's sync point: the step's time includes its GPU work
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return timed_step(model, opt, loss_fn, x, y, log, cuda)
 
     ta, tb = [], []
     cpu0 = 0.0

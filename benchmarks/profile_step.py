@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tracealyze.recorder import Recorder
-from workloads import WORKLOADS, build
+from workloads import WORKLOADS, build, timed_step
 
 
 def _thread_cpu() -> dict[str, float]:
@@ -62,16 +62,7 @@ def main() -> None:
     def loop(n: int, rec: Recorder | None, times: list[float]) -> None:
         for i in range(n):
             x, y = batches[i % len(batches)]
-            t0 = time.perf_counter()
-            loss = loss_fn(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if rec is not None:
-                rec.step(loss=loss)
-            if cuda:  # the harness's sync point: the step's time includes its GPU work
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            times.append(timed_step(model, opt, loss_fn, x, y, rec, cuda))
 
     bare: list[float] = []
     loop(args.warmup, None, [])

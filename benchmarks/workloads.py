@@ -88,3 +88,24 @@ def build(name: str, seed: int = 0, device: str = "cpu"
     model = WORKLOADS[name][0]().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     return model, opt
+
+
+def timed_step(model: nn.Module, opt: torch.optim.Optimizer, loss_fn, x, y, log=None,
+               cuda: bool = False) -> float:
+    """One training step (logged by ``log.step`` when given), its wall seconds. On CUDA the
+    harness syncs before (the other replica's queued work is not this step's) and after (the
+    step's time includes its GPU work): the benchmark's sync points, never the recorder's."""
+    import time
+
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    loss = loss_fn(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    if log is not None:
+        log.step(loss=loss)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
