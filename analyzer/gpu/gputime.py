@@ -1,13 +1,14 @@
 """GPU time breakdown over the ``trace_events`` view (DESIGN.md 'GPU time breakdown').
 
-Definitions follow Holistic Trace Analysis 0.5 (``get_temporal_breakdown`` and
-``get_gpu_kernel_breakdown`` with ``include_last_profiler_step=True``):
+Equal to Holistic Trace Analysis 0.5's ``get_temporal_breakdown`` (and the kernel-type unions
+of ``get_gpu_kernel_breakdown``) with ``include_last_profiler_step=True``, on HTA's own rows
+(:mod:`.htarows`):
 
-* activity: events of cat ``kernel``, ``gpu_memcpy``, ``gpu_memset``;
-* with two or more ``ProfilerStep#N`` spans in a trace, only activity whose launching
-  ``cuda_runtime``/``cuda_driver`` event (same ``correlation``) starts no later than the end
-  of the last ProfilerStep is kept (as in HTA, activity whose launch is not in the trace is
-  left out too: it belongs to an iteration that was not profiled);
+* activity: HTA's GPU side, every event with a stream — kernels, memcpy, memset, and also
+  the device's sync events (a device-wide ``Context Sync`` stretches the window; ``Stream
+  Wait Event`` counts as computation, its name matching none of HTA's other patterns);
+* the launched-after-the-last-step cut and the dropping of activity whose launch is not in
+  the trace, as HTA applies them (see :mod:`.htarows`);
 * ``total`` = last end − first start; ``idle`` = total − union of busy intervals over all
   streams; ``compute`` = union of compute-kernel intervals; ``non_compute`` = the rest.
 
@@ -24,7 +25,8 @@ from typing import Any
 
 import duckdb
 
-from .vocabulary import GPU_ACTIVITY_SQL, GPU_SIDE_SQL, LAUNCH_SQL
+from .htarows import ROWS_SQL
+from .vocabulary import GPU_SIDE_SQL
 
 # Kernel classes (HTA 0.5 utils: NCCL_KERNEL_RE, MEMORY_KERNEL_RE, NCCL_COMPUTE_KERNEL_RE).
 # Python's re.match anchors at the start; RE2's regexp_matches searches, hence the explicit
@@ -36,58 +38,33 @@ NON_COMPUTE_RE = r"^nccl.*Kernel|Memcpy|^Memset|Sync"
 STEP_SPAN = f"name LIKE 'ProfilerStep#%' AND cat NOT IN {GPU_SIDE_SQL}"
 """A ProfilerStep span of the host (its GPU-side copies are not step spans)."""
 
-_ACTIVITY_SQL = f"""
-WITH te AS (
-    SELECT rank, trace_id, step, cat, name, ts_us, dur_us, correlation, stream
-    FROM trace_events
-),
-steps AS (  -- per trace: how many ProfilerStep spans, and where the last one ends
-    SELECT rank, trace_id, count(DISTINCT name) AS n_steps, max(ts_us + dur_us) AS last_end
-    FROM te
-    WHERE {STEP_SPAN}
-    GROUP BY ALL
-),
-launch AS (
-    SELECT rank, trace_id, correlation, min(ts_us) AS launch_ts
-    FROM te
-    WHERE cat IN {LAUNCH_SQL} AND correlation IS NOT NULL
-    GROUP BY ALL
-),
-t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM te GROUP BY ALL),
+_ACTIVITY_SQL = ROWS_SQL + f"""
+, t0 AS (SELECT rank, trace_id, min(ts_us) AS t0 FROM te GROUP BY ALL),
 act AS (
     -- Times relative to the trace start: ns traces carry epoch microseconds with fractions,
     -- and at 1.7e15 us a float64 resolves only 0.25 us, so adding dur to the absolute ts
     -- would round every interval end (HTA subtracts the trace start first, too).
-    SELECT a.rank, a.trace_id, a.step, a.name, a.stream,
+    SELECT a.rank, a.trace_id, a.step, a.cat, a.name, a.hstream AS stream,
         a.ts_us - z.t0 AS s, (a.ts_us - z.t0) + a.dur_us AS e,
-        l.launch_ts - z.t0 AS launched,
+        a.launch_ts - z.t0 AS launched,
         CASE
             WHEN regexp_matches(a.name, '{COMM_RE}') THEN 'communication'
             WHEN regexp_matches(a.name, '{MEMORY_RE}') THEN 'memory'
             WHEN NOT regexp_matches(a.name, '{NON_COMPUTE_RE}') THEN 'computation'
             ELSE 'other'
         END AS ktype
-    FROM te a
+    FROM hta a
     JOIN t0 z ON z.rank = a.rank AND z.trace_id = a.trace_id
-    LEFT JOIN steps st ON st.rank = a.rank AND st.trace_id = a.trace_id
-    LEFT JOIN launch l
-        ON l.rank = a.rank AND l.trace_id = a.trace_id AND l.correlation = a.correlation
-    WHERE a.cat IN {GPU_ACTIVITY_SQL} AND a.dur_us IS NOT NULL
-      AND {{keep}}
+    WHERE a.hstream <> -1  -- HTA's GPU side: every event with a stream
 )
 """
 
-# HTA's temporal breakdown cuts the trace after its last ProfilerStep; its idle, overlap and
-# launch analyses read the whole trace.
-LAST_STEP_CUT = "(coalesce(st.n_steps, 0) < 2 OR l.launch_ts <= st.last_end)"
 
-
-def activity_sql(cut_after_last_step: bool = True) -> str:
-    """The ``WITH ... act AS (...)`` prefix: GPU activity per rank and trace, times relative
-    to the trace start (``s``, ``e``; ``launched``: its launch call's start), kernel type in
-    ``ktype`` (``cut_after_last_step``: as the temporal
-    breakdown, else every GPU event of the trace)."""
-    return _ACTIVITY_SQL.replace("{keep}", LAST_STEP_CUT if cut_after_last_step else "TRUE")
+def activity_sql() -> str:
+    """The ``WITH ... act AS (...)`` prefix: the GPU side of HTA's rows (:mod:`.htarows`)
+    per rank and trace, times relative to the trace start (``s``, ``e``; ``launched``: its
+    launch call's start), kernel type in ``ktype``."""
+    return _ACTIVITY_SQL
 
 
 # Union length of intervals per (rank, trace_id, grp): sort by start; an interval opens a new

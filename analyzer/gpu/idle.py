@@ -12,10 +12,11 @@ is idle time of one kind:
   HTA) — the cost of launching back-to-back small kernels;
 * ``other``: the rest (e.g. waiting on an event from another stream).
 
-As HTA this reads the whole trace (no cut after the last ProfilerStep). One difference: "what
-ran before" is the latest end among all earlier events of the stream, not only the previous
-one, so an event overlapping its predecessor never makes a negative gap. (No trace we have
-seen overlaps events on one stream; on them the two agree.) A rank's figures are the sums
+The rows are HTA's (:mod:`.htarows`). As in HTA, a stream's events are ordered by start and
+each gap is to the end of the event just before (not the latest end so far): an event nested
+in the one before (clock skew between host and device) gives a negative gap, counted as HTA
+counts it. The order of two events of one stream that start at the same time is not defined
+in HTA (numpy's unstable sort); here the shorter comes first. A rank's figures are the sums
 over its traces; per step, a gap counts in the step of the event that ends it.
 """
 
@@ -26,21 +27,24 @@ from typing import Any
 import duckdb
 
 from .gputime import activity_sql, has_trace_events
+from .vocabulary import GPU_ACTIVITY_SQL
 
 KERNEL_DELAY_US = 30.0
 
-_SQL = """
+_SQL = f"""
 , g AS (
-    SELECT *, max(e) OVER (PARTITION BY rank, trace_id, stream ORDER BY s, e
-                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM act WHERE stream IS NOT NULL AND stream <> -1
+    -- HTA orders a stream's events by start and takes the gap to the end of the one just
+    -- before (not the latest end so far: an event inside its predecessor gives a negative
+    -- gap, which HTA adds up too)
+    SELECT *, lag(e) OVER (PARTITION BY rank, trace_id, stream ORDER BY s, e) AS prev_end
+    FROM act WHERE cat IN {GPU_ACTIVITY_SQL}
 ),
 c AS (
-    SELECT rank, {part} AS part, stream, coalesce(greatest(s - prev_end, 0), 0) AS gap,
+    SELECT rank, {{part}} AS part, stream, coalesce(s - prev_end, 0) AS gap,
         CASE WHEN launched > prev_end THEN 'host_wait'
              WHEN s - prev_end < ? THEN 'kernel_wait'
              ELSE 'other' END AS kind
-    FROM g WHERE {where}  -- a stream's first event has no gap, but lists the stream
+    FROM g WHERE {{where}}  -- a stream's first event has no gap, but lists the stream
 )
 SELECT rank, part, stream,
     coalesce(sum(gap) FILTER (WHERE kind = 'host_wait'), 0),
@@ -61,7 +65,7 @@ def idle_breakdown(con: duckdb.DuckDBPyConnection, *, by_step: bool = False,
     if not has_trace_events(con):
         return []
     part, where = ("step", "step IS NOT NULL") if by_step else ("0", "TRUE")
-    sql = (activity_sql(cut_after_last_step=False)
+    sql = (activity_sql()
            + _SQL.replace("{part}", part).replace("{where}", where))
     out = []
     for rank, p, stream, host, kernel, other in con.execute(

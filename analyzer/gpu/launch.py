@@ -3,7 +3,8 @@ on every rank instead of rank 0 only, and per profiled step).
 
 Each launch call (``cudaLaunchKernel``, ``cudaLaunchKernelExC``, ``cudaMemcpyAsync``,
 ``cudaMemsetAsync``, as HTA; and, unlike HTA, their HIP counterparts, so ROCm traces are not
-reported as launching nothing) is joined by ``correlation`` to the GPU event it started:
+reported as launching nothing) gives its correlation id; as HTA, every CPU event with that
+id is joined to every GPU-side event with it (HTA's rows, :mod:`.htarows`):
 
 * ``kernels``: launches with their GPU event in the trace;
 * ``short_kernels``: GPU time shorter than its launch call, where the call itself took at
@@ -21,6 +22,7 @@ from typing import Any
 import duckdb
 
 from .gputime import has_trace_events
+from .htarows import ROWS_SQL
 
 RUNTIME_CUTOFF_US = 50.0
 LAUNCH_DELAY_CUTOFF_US = 100.0
@@ -30,21 +32,27 @@ LAUNCH_CALLS = (
     "hipModuleLaunchKernel", "hipMemcpyAsync", "hipMemsetAsync",
 )
 
-_SQL = """
-WITH calls AS (
-    -- no shift to the trace start needed: the difference of two stored timestamps is exact
-    SELECT rank, trace_id, step, correlation, ts_us AS s, dur_us AS d FROM trace_events
-    WHERE name IN ({names}) AND correlation IS NOT NULL AND (stream IS NULL OR stream = -1)
+_SQL = ROWS_SQL + """
+, launched AS (  -- HTA: the correlations of the launch calls ...
+    SELECT DISTINCT rank, trace_id, corr FROM hta WHERE name IN ({names}) AND corr >= 0
 ),
-gpu AS (
-    SELECT rank, trace_id, correlation, ts_us AS s, dur_us AS d FROM trace_events
-    WHERE stream IS NOT NULL AND stream <> -1 AND correlation IS NOT NULL
+calls AS (  -- ... then every CPU event and every GPU event with one of them
+    SELECT h.rank, h.trace_id, h.step, h.corr, h.ts_us AS s, h.dur_us AS d
+    FROM hta h SEMI JOIN launched l
+        ON l.rank = h.rank AND l.trace_id = h.trace_id AND l.corr = h.corr
+    WHERE h.hstream = -1
 ),
-j AS (
+done AS (
+    SELECT h.rank, h.trace_id, h.corr, h.ts_us AS s, h.dur_us AS d
+    FROM hta h SEMI JOIN launched l
+        ON l.rank = h.rank AND l.trace_id = h.trace_id AND l.corr = h.corr
+    WHERE h.hstream <> -1
+),
+j AS (  -- no shift to the trace start needed: the difference of two timestamps is exact
     SELECT c.rank, c.step AS part, c.d AS cpu_us, g.d AS gpu_us,
         greatest(g.s - c.s - c.d, 0) AS delay
-    FROM calls c JOIN gpu g
-      ON g.rank = c.rank AND g.trace_id = c.trace_id AND g.correlation = c.correlation
+    FROM calls c JOIN done g
+      ON g.rank = c.rank AND g.trace_id = c.trace_id AND g.corr = c.corr
 )
 SELECT rank, part, grouping(part) AS whole, count(*),
     count(*) FILTER (WHERE cpu_us <= $runtime AND gpu_us < cpu_us),

@@ -5,7 +5,8 @@
 both run / time during which a communication kernel runs × 100. Each kind's busy time is the
 union of its kernels' intervals over all streams (kernel types as in ``gputime``); the
 overlap is the length of the intersection of the two unions, by a sweep over their block
-edges (no pairwise join). As HTA this reads the whole trace; a rank's figure is over all its
+edges (no pairwise join). The kernels are HTA's GPU side (:mod:`.htarows`: every event with a
+stream, sync events included, typed by name); a rank's figure is over all its
 traces, a step's over the activity its host side launched. None when there is no
 communication.
 """
@@ -54,7 +55,7 @@ def comm_comp_overlap(con: duckdb.DuckDBPyConnection, *,
         "CASE ktype WHEN 'communication' THEN 'comm' ELSE 'comp' END AS k, s, e FROM act "
         f"WHERE ktype IN ('communication', 'computation') AND {where}"
     )
-    sql = activity_sql(cut_after_last_step=False) + UNION_SQL.format(keyed=keyed) + _TAIL
+    sql = activity_sql() + UNION_SQL.format(keyed=keyed) + _TAIL
     out = []
     for rank, p, overlap, comm in con.execute(sql).fetchall():
         row: dict[str, Any] = {"rank": int(rank)}

@@ -1,7 +1,8 @@
 """gpu_idle: the GPU sits idle for a large share of the profiled time.
 
 Uses the HTA-compatible breakdown of ``gputime`` (idle = time between the first and the last
-GPU activity of a trace when no kernel, memcpy or memset runs on any stream). One finding per
+GPU activity of a trace when nothing runs on any stream: no kernel, memcpy, memset or
+device sync, as HTA counts them). One finding per
 rank whose idle share is above ``max_idle_pct``.
 """
 
@@ -29,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 DOC = {
-    "meaning": "The GPU is idle (no kernel, memcpy or memset on any stream) for a large share "
+    "meaning": "The GPU is idle (no kernel, memcpy, memset or sync on any stream) for a large share "
                "of the profiled time: the host cannot feed it.",
     "rule": "Per rank, idle / (last GPU activity end − first start), Holistic Trace Analysis "
             "definitions, above max_idle_pct (error from error_idle_pct); traces with less "
