@@ -50,15 +50,20 @@ class Turns:
         self.wall: dict[str, list[float]] = {"A": [], "B": []}
         self.cpu: dict[str, float] = {"A": 0.0, "B": 0.0}  # over the measured turns
         self.done = {"A": False, "B": False}
-        self.proc: dict[str, float] = {}  # process CPU at the first / after the last measured
+        self.p0: dict[str, float] = {}
+        self.proc: dict[str, float] = {}  # process CPU over each side's measured turns
 
     def _close(self, me: str) -> None:
         if me in self.t0:
             self.wall[me].append(time.perf_counter() - self.t0[me])
             if len(self.wall[me]) > self.warm:
                 self.cpu[me] += time.thread_time() - self.c0[me]
-            if len(self.wall[me]) == self.steps - 1 and me == "B":
-                self.proc["end"] = time.process_time()
+                # The process's CPU over this very turn: this side's thread plus the
+                # recorder's threads (the other side is parked). Summed over the measured
+                # turns only, so that a side's last turn and its end of training (the
+                # recorder's close and final merge) are not charged to the steps, as the
+                # plain harness stops its clock before rec.close().
+                self.proc[me] = self.proc.get(me, 0.0) + time.process_time() - self.p0[me]
 
     def begin(self, me: str) -> None:
         other = "B" if me == "A" else "A"
@@ -67,9 +72,8 @@ class Turns:
             self.go[other].release()
         if not self.done[other]:  # (a finished side released us for good)
             self.go[me].acquire()
-        if len(self.wall[me]) == self.warm and me == "A":
-            self.proc["start"] = time.process_time()
         self.t0[me], self.c0[me] = time.perf_counter(), time.thread_time()
+        self.p0[me] = time.process_time()
 
     def finish(self, me: str) -> None:
         self.done[me] = True
@@ -143,11 +147,14 @@ def once(framework: str, steps: int, warm: int, aa: bool) -> dict[str, float]:
     n = min(len(a), len(b))
     a, b = a[:n], b[:n]
     pairs = [x / y for x, y in zip(a, b, strict=True)]
-    others = max(0.0, turns.proc["end"] - turns.proc["start"] - turns.cpu["A"]
-                 - turns.cpu["B"])
+    others = max(0.0, turns.proc.get("A", 0.0) + turns.proc.get("B", 0.0)
+                 - turns.cpu["A"] - turns.cpu["B"])
     return {"wall": statistics.median(pairs) - 1,
             "cpu": (turns.cpu["A"] + others) / turns.cpu["B"] - 1,
-            "step_ms": 1e3 * statistics.median(b)}
+            "step_ms": 1e3 * statistics.median(b),
+            # per measured step: each side's own thread CPU and the rest of the process's
+            "a_cpu_ms": 1e3 * turns.cpu["A"] / n, "b_cpu_ms": 1e3 * turns.cpu["B"] / n,
+            "others_ms": 1e3 * others / n}
 
 
 def main() -> None:
