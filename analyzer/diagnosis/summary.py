@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..gpu.idle_groups import unusual_streams
 from ..run.catalog import Run, open_run
 from .analysis import Analysis
 from .findings import SEVERITIES, Finding, severity_rank
@@ -169,4 +170,19 @@ def _gpu_time_text(gpu: list[Mapping[str, Any]]) -> list[str]:
         lo, mid, hi = ranked[0], ranked[len(ranked) // 2], ranked[-1]
         out.append(f"  {label:12} {_pct_of(lo, key):5.1f}% (rank {lo['rank']}) / "
                    f"{_pct_of(mid, key):5.1f}% / {_pct_of(hi, key):5.1f}% (rank {hi['rank']})")
+    groups = unusual_streams(gpu)
+    if groups:
+        out.append("Streams idler than on the other ranks (share of GPU time; the others' "
+                   "median):")
+    for g in groups[:LIMIT]:
+        streams = ", ".join(str(x) for x in g["streams"])
+        out.append(f"  stream{'s' if len(g['streams']) > 1 else ''} {streams} on "
+                   f"rank{'s' if len(g['ranks']) > 1 else ''} "
+                   f"{rank_ranges(g['ranks'])}: idle {100 * g['share']:.1f}% "
+                   f"({100 * g['peer_share']:.1f}%), mostly {g['cause']} "
+                   f"{100 * g['cause_share']:.1f}% ({100 * g['peer_cause_share']:.1f}%): "
+                   f"{g['why']}")
+    if len(groups) > LIMIT:
+        out.append(f"  and {len(groups) - LIMIT} more groups (summary --json: gpu_time"
+                   "[].idle_breakdown)")
     return out

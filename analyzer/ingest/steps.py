@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..sql.safe import execute_one, literal, lock, sandbox
+from ..errors import RunDirError
+from ..sql.safe import execute_one, literal, lock, sandbox, statement_count
 from .arrow_build import numeric, repeated
 from .arrow_build import values as np_values
 from .fields import GPU_SIDE_CATS, LAUNCH_CATS
@@ -30,13 +32,13 @@ _STAGES = (
     f"""CREATE TABLE spans AS
         SELECT ts_us AS s, ts_us + dur_us AS e,
                CAST(regexp_extract(name, '^ProfilerStep#([0-9]+)$', 1) AS BIGINT) AS step
-        FROM read_parquet({{first}}) WHERE regexp_matches(name, '^ProfilerStep#[0-9]+$')
+        FROM {{src}} WHERE regexp_matches(name, '^ProfilerStep#[0-9]+$')
           AND {_HOST}""",
     # host rows: the span that contains their start (narrow rows only)
     f"""CREATE TABLE host AS
         SELECT ev.i, ev.cat, ev.correlation,
                CASE WHEN ev.ts_us <= sp.e THEN sp.step END AS step
-        FROM (SELECT i, ts_us, cat, correlation FROM read_parquet({{first}})
+        FROM (SELECT i, ts_us, cat, correlation FROM {{src}}
               WHERE {_HOST}) ev
         ASOF LEFT JOIN spans sp ON ev.ts_us >= sp.s""",
     # device rows: the step of the runtime call that launched them
@@ -48,17 +50,42 @@ _STAGES = (
         SELECT i, step FROM host WHERE step IS NOT NULL
         UNION ALL
         SELECT ev.i, l.step
-        FROM (SELECT i, correlation FROM read_parquet({{first}})
+        FROM (SELECT i, correlation FROM {{src}}
               WHERE NOT ({_HOST}) AND correlation >= 0) ev
         JOIN launch l USING (correlation)""",
-    # the wide rows once: joined with their step, sorted by time (spills when it must)
-    """COPY (
-        SELECT {trace_id} AS trace_id, s.step, ev.cat, ev.name, ev.ts_us, ev.dur_us, ev.pid,
-               ev.tid, ev.stream, ev.correlation, ev.external_id, ev.device, ev.args
-        FROM read_parquet({first}) ev LEFT JOIN steps s ON s.i = ev.i
-        ORDER BY ev.ts_us, ev.i
-    ) TO {out} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 1048576)""",
 )
+# the wide rows once: joined with their step, sorted by time (spills when it must)
+_FINAL = """
+    SELECT {trace_id} AS trace_id, s.step, ev.cat, ev.name, ev.ts_us, ev.dur_us, ev.pid,
+           ev.tid, ev.stream, ev.correlation, ev.external_id, ev.device, ev.args
+    FROM {src} ev LEFT JOIN steps s ON s.i = ev.i
+    ORDER BY ev.ts_us, ev.i"""
+ROW_GROUP = 1 << 20
+
+
+def write_final(con: Any, src: str, out: Path, trace_id_: str) -> None:
+    """The last stage, streamed into ``out`` under the declared schema: DuckDB's own Parquet
+    writer marks every column without a null as required, so two traces' files would
+    differ in schema by their data."""
+    import pyarrow.parquet as pq
+
+    from .fields import TRACE_EVENTS_SCHEMA
+
+    schema = TRACE_EVENTS_SCHEMA.remove(TRACE_EVENTS_SCHEMA.get_field_index("rank"))
+    sql = _FINAL.format(src=src, trace_id=literal(trace_id_))
+    if statement_count(con, sql) != 1:  # (one statement: the trace id is the trace's)
+        raise RunDirError("refusing SQL built from the trace: more than one statement")
+    reader = con.sql(sql).to_arrow_reader(ROW_GROUP)
+    with pq.ParquetWriter(out, schema, compression="zstd") as w:
+        for rb in reader:
+            w.write_batch(rb.cast(schema), row_group_size=ROW_GROUP)
+
+
+def stages(src: str) -> list[str]:
+    """The second pass's statements before :func:`write_final`: over the first-pass rows
+    ``src`` (a table, or a ``read_parquet(...)``). (``format``: the value is put in
+    verbatim, whatever braces a path holds.)"""
+    return [sql.format(src=src) for sql in _STAGES]
 
 
 def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
@@ -69,8 +96,6 @@ def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
     import duckdb
 
     con = duckdb.connect(str(tmp_dir / "steps.duckdb"))
-    names = {"first": literal(str(first)), "out": literal(str(out)),
-             "trace_id": literal(trace_id_)}
     try:
         # The trace id comes from the trace: quoted, one statement per stage, and DuckDB
         # sees only the scratch files (sqlsafe).
@@ -79,8 +104,10 @@ def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
         con.execute("SET preserve_insertion_order = false")
         con.execute("SET enable_progress_bar = false")
         lock(con)
-        for sql in _STAGES:
-            execute_one(con, sql.format(**names))
+        src = f"read_parquet({literal(str(first))})"
+        for sql in stages(src):
+            execute_one(con, sql)
+        write_final(con, src, out, trace_id_)
     finally:
         con.close()
 

@@ -298,12 +298,57 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
     return n, last, array_form
 
 
+FAST_MIN_BYTES = 32 << 20
+"""JSON size from which :mod:`.fastpass` (DuckDB's reader) is tried first: below it, the
+Python path is as fast or faster (DuckDB's start-up; measured at 0.4 MB, 15 MB, 180 MB)."""
+
+
+def json_bytes(path: Path) -> int:
+    """The trace's JSON size: the file's, or a gzip file's own record of it (its last four
+    bytes: the size modulo 4 GiB, which is enough to choose a path)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return path.stat().st_size
+            f.seek(-4, 2)
+            return int.from_bytes(f.read(4), "little")
+    except OSError:
+        return 0
+
+
+def _fast(path: Path, out: Path, rank: int | None, limits: Limits | None,
+          td: Path) -> Ingested:
+    """:mod:`.fastpass`: the events array copied to a file of its own, read by DuckDB."""
+    from .fastpass import convert_and_finish, copy_array
+
+    reader = GuardedReader(path, limits or Limits())
+    array = td / "events.json"
+    try:
+        copy_array(reader, array)
+        while reader.read(READ_SIZE):  # (the hash covers all of it)
+            pass
+    finally:
+        reader.close()
+    meta = edge_meta(bytes(reader.head), reader.tail, path)
+    digest = reader.sha.hexdigest()[:12]
+    info = Ingested(trace_id=trace_id(path, meta, digest),
+                    rank=rank_of_trace(path, meta, rank), events=0, meta=meta, digest=digest)
+    info.events = convert_and_finish(array, out, info.trace_id, td)
+    array.unlink()
+    return info
+
+
 def ingest(path: Path, out: Path, *, rank: int | None = None, limits: Limits | None = None,
            tmp_dir: Path | None = None) -> Ingested:
     """Stream ``path`` into the Parquet file ``out`` (FORMAT.md ``trace_events`` columns
     without ``rank``, time-ordered). Raises TraceError with one clear message."""
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="tracealyze-ingest-", dir=tmp_dir) as td:
+        if json_bytes(path) >= FAST_MIN_BYTES:
+            try:
+                return _fast(path, out, rank, limits, Path(td))
+            except Fallback:
+                pass  # read it again the Python way (which also words a bad trace's error)
         first = Path(td) / "events.parquet"
         info, small = stream_events(path, first, rank=rank, limits=limits)
         if small is not None:

@@ -163,7 +163,10 @@ def _windows(draw: Any, n: int, first: int, t0: int, t_end: int) -> list[dict[st
     that activity falls before the first and after the last), with gaps between them."""
     if n == 0:
         return []
-    cuts = sorted(draw(st.lists(st.integers(t0, t_end), min_size=2 * n, max_size=2 * n)))
+    # distinct instants: a profiler's steps never overlap (two steps starting together
+    # would leave which one holds an event undefined)
+    cuts = sorted(draw(st.lists(st.integers(t0, t_end + 2 * n), min_size=2 * n,
+                                max_size=2 * n, unique=True)))
     cat = draw(st.sampled_from(["user_annotation", "cpu_op"]))
     out = []
     for i in range(n):

@@ -30,8 +30,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 DOC = {
-    "meaning": "The GPU is idle (no kernel, memcpy, memset or sync on any stream) for a large share "
-               "of the profiled time: the host cannot feed it.",
+    "meaning": "The GPU is idle (no kernel, memcpy, memset or sync on any stream) for a large "
+               "share of the profiled time: the host cannot feed it.",
     "rule": "Per rank, idle / (last GPU activity end − first start), Holistic Trace Analysis "
             "definitions, above max_idle_pct (error from error_idle_pct); traces with less "
             "than min_total_us of GPU time are ignored.",
