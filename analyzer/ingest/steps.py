@@ -60,7 +60,8 @@ _FINAL = """
            ev.tid, ev.stream, ev.correlation, ev.external_id, ev.device, ev.args
     FROM {src} ev LEFT JOIN steps s ON s.i = ev.i
     ORDER BY ev.ts_us, ev.i"""
-ROW_GROUP = 1 << 20
+ROW_GROUP = 1 << 17
+"""Rows per batch and row group of the final write (batches of 2^20 rows held ~150 MB)."""
 
 
 def write_final(con: Any, src: str, out: Path, trace_id_: str) -> None:
