@@ -18,6 +18,7 @@ The plain loop's figure, for comparison, is the harness's own:
     python benchmarks/callback_overhead_ab.py lightning --repeats 3
     python benchmarks/callback_overhead_ab.py hf --aa      # both bare: the method's noise
     AB_MAX_GRAD_NORM=0 python benchmarks/callback_overhead_ab.py hf   # the Trainer unclipped
+    AB_KNOBS='{"record_sample_ids": false}' python benchmarks/callback_overhead_ab.py hf
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ class Turns:
         self.go["B" if me == "A" else "A"].release()
 
 
+def _knobs() -> dict[str, Any]:
+    """Recorder knobs for the callback from ``AB_KNOBS`` (JSON), e.g.
+    ``AB_KNOBS='{"record_sample_ids": false}'``."""
+    return json.loads(os.environ.get("AB_KNOBS") or "{}")
+
+
 def hf(me: str, turns: Turns, recorded: bool, out: Path) -> None:
     import transformers
 
@@ -91,7 +98,7 @@ def hf(me: str, turns: Turns, recorded: bool, out: Path) -> None:
     if recorded:
         from tracealyze.recorder.integrations.hf import TracealyzeCallback
 
-        callbacks.append(TracealyzeCallback(run_dir=out / "run"))
+        callbacks.append(TracealyzeCallback(run_dir=out / "run", **_knobs()))
     hf_train([*callbacks, Turn()], turns.steps, out,
              max_grad_norm=float(os.environ.get("AB_MAX_GRAD_NORM", "1.0")))
 
@@ -107,7 +114,7 @@ def lightning(me: str, turns: Turns, recorded: bool, out: Path) -> None:
     if recorded:
         from tracealyze.recorder.integrations.lightning import TracealyzeCallback
 
-        callbacks.append(TracealyzeCallback(run_dir=out / "run"))
+        callbacks.append(TracealyzeCallback(run_dir=out / "run", **_knobs()))
     lightning_fit([*callbacks, Turn()], turns.steps, out)
 
 

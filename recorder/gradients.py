@@ -132,7 +132,12 @@ class GradReader:
         ``clip_grad_norm_(model.parameters())`` passes on; identity checks, no device work)
         on one device and dtype: a sink for the per-parameter norms clip_grad_norm_ computes
         before it clips (see :mod:`.clipping`), taken as ``acc``'s gradient norms for free.
-        Else None."""
+        Else None, and also when no norms are due at this step (``grad_norm_every``, or a
+        full-statistics step): the clipping then runs as torch's own."""
+        cfg = self.config
+        if not (due(cfg.grad_norm_every, acc.step)
+                or (self.grad_stats and due(cfg.tensor_stats_every, acc.step))):
+            return None
         grads, layout = self._grads()
         raw = grads
         if self.sharded:  # clip_grad_norm_ is handed the DTensors themselves

@@ -79,3 +79,19 @@ def test_unclipped_run_has_no_clip_threshold(tmp_path: Path) -> None:
             opt.step()
             rec.step(loss=loss)
     assert {s["grad_clip_max"] for s in steps_by_number(tmp_path / "run").values()} == {None}
+
+
+def test_clipped_norms_keep_the_configured_cadence(tmp_path: Path) -> None:
+    """Norms that clip_grad_norm_ computes anyway are still recorded at ``grad_norm_every``
+    only: the knob, not the clipping, decides how many rows the run writes (a Trainer clips
+    every step; before, every step's per-parameter norms were written whatever the knob)."""
+    data = batches(12)
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(tmp_path / "run", model=model, optimizer=opt,
+                  **{**FAST, "grad_norm_every": 4}) as rec:
+        _loop(model, opt, data, rec)
+    steps = steps_by_number(tmp_path / "run")
+    with_norm = sorted(i for i, s in steps.items() if s["grad_norm"] is not None)
+    assert with_norm == [0, 4, 8]
+    assert all(steps[i]["grad_clip_max"] == 0.05 for i in steps)
