@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import RunDirError
-from ..sql.safe import execute_one, literal, lock, sandbox, statement_count
+from ..sql.safe import execute_one, literal, lock, one_statement, sandbox
 from .arrow_build import numeric, repeated
 from .arrow_build import values as np_values
 from .fields import GPU_SIDE_CATS, LAUNCH_CATS
@@ -74,9 +73,8 @@ def write_final(con: Any, src: str, out: Path, trace_id_: str) -> None:
 
     schema = TRACE_EVENTS_SCHEMA.remove(TRACE_EVENTS_SCHEMA.get_field_index("rank"))
     sql = _FINAL.format(src=src, trace_id=literal(trace_id_))
-    if statement_count(con, sql) != 1:  # (one statement: the trace id is the trace's)
-        raise RunDirError("refusing SQL built from the trace: more than one statement")
-    reader = con.sql(sql).to_arrow_reader(ROW_GROUP)
+    # (con.sql: the streamed reader of a DB-API result would copy every row once more)
+    reader = con.sql(one_statement(con, sql)).to_arrow_reader(ROW_GROUP)
     with pq.ParquetWriter(out, schema, compression="zstd") as w:
         for rb in reader:
             w.write_batch(rb.cast(schema), row_group_size=ROW_GROUP)

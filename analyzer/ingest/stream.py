@@ -203,10 +203,15 @@ def stream_events(path: Path, out: Path, *, rank: int | None = None,
     if not array_form and n == 0 and not any(
             _EVENTS_LIST.search(edge) for edge in (reader.head, reader.tail)):
         raise TraceError(f"trace {path} has no 'traceEvents' list; not a Chrome/Kineto trace")
+    return _ingested(reader, path, meta, rank, n), last
+
+
+def _ingested(reader: GuardedReader, path: Path, meta: dict[str, Any], rank: int | None,
+              events: int) -> Ingested:
+    """The trace's id, rank and digest, once its reader has read it all."""
     digest = reader.sha.hexdigest()[:12]
-    info = Ingested(trace_id=trace_id(path, meta, digest),
-                    rank=rank_of_trace(path, meta, rank), events=n, meta=meta, digest=digest)
-    return info, last
+    return Ingested(trace_id=trace_id(path, meta, digest), rank=rank_of_trace(path, meta, rank),
+                    events=events, meta=meta, digest=digest)
 
 
 def _lists(reader: GuardedReader, fast: bool) -> tuple[Iterator[list[Any]], bool]:
@@ -331,10 +336,7 @@ def _fast(path: Path, out: Path, rank: int | None, limits: Limits | None,
             pass
     finally:
         reader.close()
-    meta = edge_meta(bytes(reader.head), reader.tail, path)
-    digest = reader.sha.hexdigest()[:12]
-    info = Ingested(trace_id=trace_id(path, meta, digest),
-                    rank=rank_of_trace(path, meta, rank), events=0, meta=meta, digest=digest)
+    info = _ingested(reader, path, edge_meta(bytes(reader.head), reader.tail, path), rank, 0)
     info.events = convert_and_finish(array, out, info.trace_id, td)
     array.unlink()
     return info

@@ -52,8 +52,8 @@ def statement_count(con: Any, sql: str) -> int:
     return len(con.extract_statements(sql))
 
 
-def execute_one(con: Any, sql: str) -> Any:
-    """Run ``sql`` if it is exactly one statement (the parser's word, not ours); RunDirError
+def one_statement(con: Any, sql: str) -> str:
+    """``sql`` if it is exactly one statement (the parser's word, not ours); RunDirError
     otherwise. For every statement that carries text read from a run directory."""
     import duckdb
 
@@ -64,7 +64,12 @@ def execute_one(con: Any, sql: str) -> Any:
     if n != 1:
         raise RunDirError(f"refusing SQL built from the run's files: {n} statements where "
                           "one was built (a crafted column or file name?)")
-    return con.execute(sql)
+    return sql
+
+
+def execute_one(con: Any, sql: str) -> Any:
+    """Run ``sql`` once :func:`one_statement` has passed it."""
+    return con.execute(one_statement(con, sql))
 
 
 def spill_dir() -> str:
