@@ -127,7 +127,7 @@ class GradReader:
         return layout.piece, norms(grads)
 
     def clip_sink(self, acc: StepAccum, tensors: list[torch.Tensor]
-                  ) -> Callable[[list[torch.Tensor]], None] | None:
+                  ) -> Callable[[list[torch.Tensor], torch.Tensor], None] | None:
         """When ``tensors`` are exactly this model's gradients in parameter order (what
         ``clip_grad_norm_(model.parameters())`` passes on; identity checks, no device work)
         on one device and dtype: a sink for the per-parameter norms clip_grad_norm_ computes
@@ -148,11 +148,11 @@ class GradReader:
                 and all(a is b for a, b in zip(raw, tensors, strict=True))):
             return None
 
-        def take(per_tensor: list[torch.Tensor]) -> None:
+        def take(per_tensor: list[torch.Tensor], stacked: torch.Tensor) -> None:
             if self.sharded:
                 # a DTensor norm is partial: its local value is this shard's norm
-                per_tensor = local_shards(per_tensor)
-            acc.add(layout.piece, torch.stack(per_tensor))
+                stacked = torch.stack(local_shards(per_tensor))
+            acc.add(layout.piece, stacked)
             acc.norms_read = True
             if self.grad_stats and due(self.config.tensor_stats_every, acc.step):
                 # A full-statistics step: the gradients' statistics before clipping too
@@ -180,10 +180,11 @@ class GradReader:
         # so the steps that have full statistics always have steps.grad_norm too.
         norms_due = due(cfg.grad_norm_every * self.budget.stride, acc.step)
         stats_due = self.grad_stats and due(cfg.tensor_stats_every, acc.step)
-        if norms_due or stats_due:
+        # Norms taken before clipping (clip_grad_norm_) need no second pass over .grad.
+        if (norms_due and not acc.norms_read) or (stats_due and not acc.stats_read):
             grads, layout = self._grads()
             if grads:
-                if acc.norms_read:  # taken before clipping (clip_grad_norm_)
+                if acc.norms_read:  # taken before clipping
                     pass
                 elif norms_due or (stats_due and due(cfg.grad_norm_every, acc.step)):
                     t0 = time.perf_counter()
