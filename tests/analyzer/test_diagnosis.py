@@ -98,6 +98,25 @@ def test_parameter_with_no_gradient_by_construction_is_info(tmp_path):
     assert "zero by construction" in f["title"]
 
 
+def test_rounding_noise_gradient_drifting_down_is_not_vanishing(tmp_path):
+    """MLP-Mixer's token-MLP output bias (a per-token shift the next LayerNorm removes): its
+    gradient is float rounding noise: ~4e-9 at initialisation settling to ~1e-9 within the
+    first tens of steps, scattering from step to step, while its weight learns. Found in a
+    healthy matrix run (these are its levels), where the first steps' maximum against the
+    late median read as a decade's decline."""
+    rng = np.random.default_rng(1)
+
+    def norm(s, name, kind):
+        if kind == "grad" and name == "layers.2.bias":
+            v = (1e-9 + 4e-9 * np.exp(-s / 15.0)) * np.exp(rng.normal(0, 0.3, len(s)))
+            v[3] *= 5.0  # one step's outlier at initialisation
+            return v
+        return None
+    run = make_run(tmp_path, steps=300, loss=FALLING, tensors=8, tensor_norm=norm)
+    fs = [f for f in findings(run) if f["id"] == "vanishing_gradient"]
+    assert [(f["severity"], f["subject"]) for f in fs] == [("info", "layers.2.bias")]
+
+
 def test_early_stall_names_the_learning_rate(tmp_path):
     """An LM at a too-high LR: the loss falls a little in the first steps, then stays at its
     unigram level for the rest of the run."""

@@ -84,13 +84,20 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     early = g[:, :max(1, int(nb * float(th.early_frac)))]
     with np.errstate(all="ignore"):  # (all-NaN columns give NaN)
         early_med = _stats.nanmedian(np.where(np.isfinite(early), early, np.nan), axis=0)
-        early_rel = _stats.nanmax(early - early_med, axis=1) if len(names) >= 2 else \
-            _stats.nanmax(early, axis=1)
+        early_dev = early - early_med if len(names) >= 2 else early
+        early_rel = _stats.nanmax(early_dev, axis=1)
+        # its typical early level, for the decline test below: the same statistic as the
+        # late level (a median), since rounding noise scatters by several times from bucket
+        # to bucket, and the early maximum against the late median read that scatter as a
+        # decade's decline (MLP-Mixer's token-MLP output bias: ~1e-9 throughout, 1e-7 of
+        # its weight's gradient, flagged as vanishing)
+        early_typ = _stats.nanmedian(np.where(np.isfinite(early_dev), early_dev, np.nan),
+                                     axis=1)
     # ... and isolated: its module's other parameters get a normal gradient (a depth-wise
     # vanishing gradient shrinks a whole layer, weight and bias alike).
     # ... and flat: still that low later, with no decline after those first steps (a
     # vanishing gradient falls by orders of magnitude; rounding noise stays within a decade
-    # of where it started; BERT's key weights start tiny and grow: they learn)
+    # of its typical early level; BERT's key weights start tiny and grow: they learn)
     with np.errstate(all="ignore"):
         med_all = _stats.nanmedian(np.where(np.isfinite(g), g, np.nan), axis=0)
         late = g[:, start:] - med_all[start:]
@@ -99,7 +106,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             if not np.isfinite(early_rel[i]) or (
                 early_rel[i] < math.log(th.no_grad_rel)
                 and not late_rel[i] >= math.log(th.no_grad_rel)  # (a weight that grows)
-                and not late_rel[i] < early_rel[i] - math.log(10.0))}
+                and not late_rel[i] < early_typ[i] - math.log(10.0))}
     learning = {n.rpartition(".")[0] for n in names if n not in tiny}  # modules
     no_grad = [i for i, n in enumerate(names) if n in tiny and n.rpartition(".")[0] in learning]
     # the structure says so (a bias before BatchNorm): zero by construction, whatever the
