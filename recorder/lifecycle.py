@@ -91,6 +91,7 @@ class StepLifecycle:
         self.flops: FlopMeter | None = None
         self.anomaly: Any = None  # anomaly.AnomalyWindow (anomaly_mode="after_nonfinite")
         self.tree: Any = None  # model_tree.ModelWatch
+        self.structure: Any = None  # structure.StructureProbe, until the first step ends
 
     def step(self, loss: Any = None, *, step: int | None = None, lr: Any = None,
              tokens: int | None = None, **metrics: Any) -> None:
@@ -227,6 +228,9 @@ class StepLifecycle:
                 acc.user_tokens = (acc.user_tokens or 0) + int(tokens)
             if self.flops is not None:  # (ends this step's count, may start the next's)
                 acc.flops = self.flops.ended(acc.samples, self._tokens(acc))
+            if self.structure is not None:
+                self.structure, probe = None, self.structure
+                probe.end_pass()
             # Complete when its gradients were read; without an optimizer they are read
             # here. With one that has not stepped yet (rec.step() before opt.step()), its
             # hooks attach the gradients (and update ratios), then the step commits.

@@ -8,10 +8,9 @@ returns; only bad configuration at construction raises (``ValueError``).
 The Recorder ties together collaborators with one job each: :class:`~.rundir.RunDir` (run.json,
 resume), :class:`~.writer.Writer` (background Parquet writes), :class:`~.gradients.GradReader`
 (gradient and weight statistics), :class:`~.activations.ActivationCapture` (module outputs),
-:class:`~.process_hooks.ProcessHooks` (atexit, SIGTERM, excepthook), the sampler and the
-profiler schedule, and :class:`~.lifecycle.StepLifecycle` (the open and pending step, the
-lifecycle calls and the optimizer/scaler/clipping hooks, the commit). The Recorder wires them
-in its constructor and forwards its public calls; it owns only closing.
+:class:`~.process_hooks.ProcessHooks` (atexit, SIGTERM, excepthook), the sampler, the profiler
+schedule, and :class:`~.lifecycle.StepLifecycle` (the open and pending step, the framework
+hooks, the commit). The Recorder wires them and forwards its public calls; it owns closing.
 """
 
 from __future__ import annotations
@@ -206,7 +205,8 @@ class Recorder:
         if self.model is not None:  # (its tree now, and again if it changes size)
             life.tree = ModelWatch(self.model, lambda: self.optimizer, self._info("model_tree"))
         if self.model is not None and not self._compiled_model:  # (one forward pass)
-            self._handles.append(StructureProbe(self.model, self._info("model_structure")))
+            probe = life.structure = StructureProbe(self.model, self._info("model_structure"))
+            self._handles.append(probe)
             life.flops = FlopMeter(self.model, cfg.peak_flops, self._info("flops_counted"))
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             life.act = ActivationCapture(self.model, cfg, self._full, lambda: life.acc,

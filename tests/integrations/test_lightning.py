@@ -6,6 +6,7 @@ before its closure runs the backward)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,10 @@ def test_lightning_records_the_values_of_its_training_step(tmp_path: Path, spec:
         assert s["data_wait_s"] is not None
     assert clipped >= 1  # the norms recorded are from before clipping
     assert not events(run, "recorder_error")
+    # training_step calls self.model, never the LightningModule: the structure probe still
+    # reads that first training pass (it used to wait for it, hooked, the whole run)
+    (structure,) = events(run, "model_structure")
+    assert json.loads(structure["details"])["not_called"] == []
 
 
 def test_an_exception_in_training_closes_the_run_as_crashed(tmp_path: Path) -> None:

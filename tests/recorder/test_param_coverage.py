@@ -171,6 +171,38 @@ def test_structure_probe_skips_eval_passes_and_removes_its_hooks(tmp_path):
     assert "conv1.bias" in ev["details"]
 
 
+def test_structure_probe_of_a_model_the_loop_never_calls(tmp_path):
+    """A LightningModule-like wrapper: the loop calls its submodule, never the wrapper itself.
+    The probe still reads the first training pass, and its hooks go at the first step's end
+    (they were left on every module for the whole run, and no event was written)."""
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = ConvBN()
+
+    w = Wrapper()
+    opt = torch.optim.SGD(w.parameters(), lr=0.01)
+
+    def hooks() -> int:  # on the submodules (the FLOP counter's own is on the root)
+        return sum(len(x._forward_pre_hooks) + len(x._forward_hooks) for x in w.modules()
+                   if x is not w)
+
+    with Recorder(tmp_path / "run", model=w, optimizer=opt, profile_start=0) as rec:
+        counts = []
+        for _ in range(3):
+            loss = w.net(torch.randn(2, 3, 8, 8)).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rec.step(loss=loss.detach())
+            counts.append(hooks())
+    assert counts == [0, 0, 0]
+    (ev,) = events(tmp_path / "run", "model_structure")
+    d = json.loads(ev["details"])
+    assert [z["param"] for z in d["zero_by_construction"]] == ["net.conv1.bias"]
+    assert d["not_called"] == []
+
+
 def test_a_block_frozen_by_mistake_is_the_root_cause_of_the_plateau(tmp_path):
     """Everything that could learn is frozen (yet handed to the optimizer): the loss cannot
     fall, and the summary says why first."""
