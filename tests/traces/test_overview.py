@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from trace_helpers import SAMPLED, X, con_over, table_of
+from trace_helpers import CPU_ONLY, SAMPLED, X, con_over, table_of
 from tracealyze.analyzer.diagnosis.summary import build_summary
 from tracealyze.analyzer.gpu.advice import recommendations
 from tracealyze.analyzer.gpu.gputime import gpu_time_breakdown
@@ -80,6 +80,12 @@ def test_a_busy_bf16_step_gets_no_recommendation(write_trace) -> None:
     ev = [_step(1, 0, 100), X("cuda_runtime", "cudaLaunchKernel", 0, 2, correlation=1),
           _k("sm90_xmma_gemm_bf16bf16_bf16f32", 2, 96, 1)]
     assert _ids(con_over(read_trace(write_trace(ev)))) == {}
+
+
+def test_a_cpu_only_trace_gets_no_gpu_utilization_advice() -> None:
+    """No GPU in the trace: its 0% GPU-busy share is not "low utilisation" (the summary of
+    a CPU-only Trainer run said "the GPU is busy 0.0%: a larger batch size ...")."""
+    assert "low_gpu_utilization" not in _ids(con_over(read_trace(CPU_ONLY)))
 
 
 def test_communication_and_memory_recommendations(tmp_path: Path) -> None:
