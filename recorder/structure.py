@@ -22,6 +22,7 @@ with ``zero_by_construction`` ([{param, consumer, consumer_type, why}]) and ``no
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,9 @@ class StructureProbe:
         self.emit = emit
         self.model = model
         self.handles: list[Any] = []
-        self.outputs: dict[int, tuple[str, torch.Tensor]] = {}
+        # id -> (producer, weak reference): the outputs are not kept alive (the pass may last
+        # a whole first step), and a dead reference never matches a new tensor with its id
+        self.outputs: dict[int, tuple[str, weakref.ref[torch.Tensor]]] = {}
         self.called: set[str] = set()
         self.pairs: list[dict[str, str]] = []
         self.active = False
@@ -88,7 +91,7 @@ class StructureProbe:
     def _produced(self, name: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _args: Any, out: Any) -> None:
             if (self.active or self._self_start()) and isinstance(out, torch.Tensor):
-                self.outputs[id(out)] = (name, out)  # kept alive: its id stays its own
+                self.outputs[id(out)] = (name, weakref.ref(out))
         return hook
 
     def _consumed(self, name: str) -> Callable[..., None]:
@@ -104,7 +107,7 @@ class StructureProbe:
                 and isinstance(args[0], torch.Tensor)):
             return
         hit = self.outputs.get(id(args[0]))
-        if hit is None or hit[1] is not args[0]:
+        if hit is None or hit[1]() is not args[0]:
             return
         producer = hit[0]
         pm = self.model.get_submodule(producer) if producer else self.model

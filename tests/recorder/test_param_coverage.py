@@ -5,6 +5,7 @@ vanishing_gradient's zero-by-construction info), on small models of the usual sh
 from __future__ import annotations
 
 import json
+import weakref
 
 import pytest
 import torch
@@ -187,16 +188,25 @@ def test_structure_probe_of_a_model_the_loop_never_calls(tmp_path):
         return sum(len(x._forward_pre_hooks) + len(x._forward_hooks) for x in w.modules()
                    if x is not w)
 
+    seen: list[weakref.ref] = []
+    # (a global hook: the per-module hook counts above stay the probe's own)
+    mine = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, _a, out: seen.append(weakref.ref(out)) if m is w.net.conv1 else None)
     with Recorder(tmp_path / "run", model=w, optimizer=opt, profile_start=0) as rec:
-        counts = []
+        counts, alive = [], []
         for _ in range(3):
             loss = w.net(torch.randn(2, 3, 8, 8)).sum()
             loss.backward()
             opt.step()
             opt.zero_grad()
-            rec.step(loss=loss.detach())
+            value = loss.detach()
+            del loss
+            # the pass lasts until the step ends, but holds no module output alive
+            alive.append(seen[-1]() is not None)
+            rec.step(loss=value)
             counts.append(hooks())
-    assert counts == [0, 0, 0]
+    mine.remove()
+    assert counts == [0, 0, 0] and alive == [False, False, False]
     (ev,) = events(tmp_path / "run", "model_structure")
     d = json.loads(ev["details"])
     assert [z["param"] for z in d["zero_by_construction"]] == ["net.conv1.bias"]
