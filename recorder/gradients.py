@@ -184,9 +184,8 @@ class GradReader:
         if (norms_due and not acc.norms_read) or (stats_due and not acc.stats_read):
             grads, layout = self._grads()
             if grads:
-                if acc.norms_read:  # taken before clipping
-                    pass
-                elif norms_due or (stats_due and due(cfg.grad_norm_every, acc.step)):
+                if not acc.norms_read and (
+                        norms_due or (stats_due and due(cfg.grad_norm_every, acc.step))):
                     t0 = time.perf_counter()
                     acc.add(*self._norms(grads, layout))
                     self._charge(time.perf_counter() - t0)

@@ -49,7 +49,6 @@ class StructureProbe:
         self.called: set[str] = set()
         self.pairs: list[dict[str, str]] = []
         self.active = False
-        self.began = False  # a training pass was seen (by the model's hook or a module's)
         self.with_params = [n for n, m in model.named_modules()
                             if any(True for _ in m.parameters(recurse=False))]
         # (first: the root's own parameter pre-hook must see the pass as begun)
@@ -72,25 +71,24 @@ class StructureProbe:
         # (a sanity-check pass in eval mode or under no_grad says nothing about training; a
         # pass torch.compile traces is not watched: telemetry never enters a graph)
         self.active = self._training() and not is_compiling()
-        self.began = self.began or self.active
 
-    def _self_start(self) -> bool:
-        """A hooked module runs while no pass is on: the loop trains without calling the
-        model itself, and this is its training forward (then the pass ends at the step's
-        end). Whether a pass is on afterwards."""
-        if not self.active and not self.began and self._training() and not is_compiling():
-            self.active = self.began = True
+    def _on(self) -> bool:
+        """Whether a pass is on. A hooked module that runs in training mode while none is
+        begins one: the loop trains without calling the model itself (the pass then ends at
+        the step's end). Once a pass ends the hooks are gone, so none begins twice."""
+        if not self.active and self._training() and not is_compiling():
+            self.active = True
         return self.active
 
     def _called(self, name: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _args: Any) -> None:
-            if self.active or self._self_start():
+            if self._on():
                 self.called.add(name)
         return hook
 
     def _produced(self, name: str) -> Callable[..., None]:
         def hook(_m: nn.Module, _args: Any, out: Any) -> None:
-            if (self.active or self._self_start()) and isinstance(out, torch.Tensor):
+            if self._on() and isinstance(out, torch.Tensor):
                 self.outputs[id(out)] = (name, weakref.ref(out))
         return hook
 
@@ -103,8 +101,7 @@ class StructureProbe:
         return hook
 
     def _pair(self, name: str, m: nn.Module, args: Any) -> None:
-        if not ((self.active or self._self_start()) and m.training and args
-                and isinstance(args[0], torch.Tensor)):
+        if not (self._on() and m.training and args and isinstance(args[0], torch.Tensor)):
             return
         hit = self.outputs.get(id(args[0]))
         if hit is None or hit[1]() is not args[0]:

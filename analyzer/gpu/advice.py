@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 
 from .gputime import has_trace_events
-from .vocabulary import GPU_ACTIVITY_SQL, KERNEL_SQL
+from .vocabulary import KERNEL_SQL
 
 DATALOADER_PCT = 5.0
 COMMUNICATION_PCT = 10.0
@@ -92,15 +92,12 @@ def recommendations(con: duckdb.DuckDBPyConnection, overview: list[dict[str, Any
     over_share("communication_us", "communication", COMMUNICATION_PCT, "Communication",
                "overlap it with compute (DDP bucket_cap_mb, FSDP prefetch), accumulate "
                "gradients over more micro-batches (no_sync), or compress gradients.")
-    # Only ranks whose trace holds GPU work: a CPU-only trace is 0% busy on no GPU at all,
-    # and "a larger batch size" for its GPU is nonsense.
-    on_gpu = {int(r) for (r,) in con.execute(
-        f"SELECT DISTINCT rank FROM trace_events WHERE cat IN {GPU_ACTIVITY_SQL} "
-        "AND rank IS NOT NULL").fetchall()}
-    # (without ProfilerSteps: over the GPU's own span)
+    # Only ranks whose trace holds GPU work (those the GPU time breakdown lists): a CPU-only
+    # trace is 0% busy on no GPU at all, and "a larger batch size" for its GPU is nonsense.
+    on_gpu = {g["rank"] for g in gpu_time}
     busy = [(r, v[0]) for r, v in _share(overview, "gpu_busy_us").items() if r in on_gpu] or [
         (g["rank"], 100.0 * (g["total_us"] - g["idle_us"]) / g["total_us"])
-        for g in gpu_time if g.get("total_us") and g["rank"] in on_gpu]
+        for g in gpu_time if g.get("total_us")]  # no ProfilerStep: over the GPU's own span
     if busy:
         rank, pct = min(busy, key=lambda x: x[1])
         if pct < GPU_BUSY_PCT:

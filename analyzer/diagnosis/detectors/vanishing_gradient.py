@@ -36,15 +36,17 @@ DEFAULTS: dict[str, Any] = {
 }
 DOC = {
     "meaning": "Some layers get (almost) no gradient: they do not learn.",
-    "rule": "over the last window_frac of the run, in ≥ min_frac of the steps, "
-            "‖grad‖/‖weight‖ < max_grad_weight and ‖grad‖ < max_rel_median × the median "
-            "layer's ‖grad‖ (geometric means per step bucket; exact zeros count). A "
-            "parameter already below no_grad_rel × the median layer in the first early_frac "
-            "of the run while its module's other parameters are not, and that does not fall "
-            "by more than a decade after, receives no gradient by construction (an attention "
-            "key bias, rounding noise under bf16): info, not a trend. So does a parameter "
-            "the model's structure makes zero (a bias right before BatchNorm/InstanceNorm, "
-            "seen by the recorder in the first forward), whatever its numbers.",
+    "rule": "over the last window_frac of the run, in ≥ min_frac of the steps, ‖grad‖/‖weight‖ "
+            "< max_grad_weight and ‖grad‖ < max_rel_median × the median layer's ‖grad‖ "
+            "(geometric means per step bucket; exact zeros count). A parameter already below "
+            "no_grad_rel × the median layer in the first early_frac of the run while its "
+            "module's other parameters are not, and whose late median level is within a decade "
+            "of its early median level (medians at both ends: rounding noise scatters "
+            "several-fold from step to step, so an early maximum against a late median reads "
+            "that scatter as a decline), receives no gradient by construction (an attention key "
+            "bias, rounding noise under bf16): info, not a trend. So does a parameter the "
+            "model's structure makes zero (a bias right before BatchNorm/InstanceNorm, seen by "
+            "the recorder in the first forward), whatever its numbers.",
     "fixes": "Use ReLU/GELU instead of saturating sigmoid/tanh, residual connections, "
              "normalisation (LayerNorm/BatchNorm), better init (Kaiming/Xavier); check for "
              "detach()/no_grad cutting the graph.",
