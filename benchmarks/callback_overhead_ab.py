@@ -118,11 +118,49 @@ def lightning(me: str, turns: Turns, recorded: bool, out: Path) -> None:
     lightning_fit([*callbacks, Turn()], turns.steps, out)
 
 
+def plain(me: str, turns: Turns, recorded: bool, out: Path) -> None:
+    """The same workload in a hand-written loop with the plain Recorder: the reference the
+    callbacks are held to, measured by this harness's own method (same DataLoader, same
+    turn boundary: the step begin, after the batch is fetched)."""
+    import torch
+    from integration_overhead import mlp
+
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), 1e-4)
+    g = torch.Generator().manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
+                                          torch.randn(128, 256, generator=g))
+    loader: Any = torch.utils.data.DataLoader(data, batch_size=32)
+    rec = None
+    if recorded:
+        from tracealyze.recorder import Recorder
+
+        rec = Recorder(out / "run", model=model, optimizer=opt, **_knobs())
+        loader = rec.wrap_loader(loader)
+    step = 0
+    while step < turns.steps:
+        for x, y in loader:
+            turns.begin(me)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if rec is not None:
+                rec.step(loss)
+            step += 1
+            if step >= turns.steps:
+                break
+    if rec is not None:
+        rec.close()
+
+
 def once(framework: str, steps: int, warm: int, aa: bool) -> dict[str, float]:
-    run = {"hf": hf, "lightning": lightning}[framework]
+    run = {"hf": hf, "lightning": lightning, "plain": plain}[framework]
     # imported here, once: two threads importing a lazy module at once can each see it
     # half-made
-    if framework == "hf":
+    if framework == "plain":
+        pass
+    elif framework == "hf":
         import transformers
 
         _ = transformers.TrainerCallback, transformers.Trainer, transformers.TrainingArguments
@@ -166,7 +204,7 @@ def once(framework: str, steps: int, warm: int, aa: bool) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("framework", choices=["hf", "lightning"])
+    ap.add_argument("framework", choices=["hf", "lightning", "plain"])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warm", type=int, default=100,
                     help="steps left out (the standard preset's profiler window is at 50)")
