@@ -19,6 +19,7 @@ DEFAULTS: dict[str, Any] = {
     "window": 51,          # centred rolling-median window (steps) for the local level
     "z": 8.0,              # spike: loss − local median > z × robust σ of the residuals ...
     "min_rel_jump": 0.5,   # ... and > this × |local median| (ignores noise on tiny losses)
+    "min_fall_frac": 0.05,  # ... and > this × how far the loss has fallen from its start
     "min_steps": 30,
     "error_count": 10,     # this many spikes → error instead of warning
     "recover_steps": 5,    # a spike comes back down: the median of the next steps ...
@@ -27,9 +28,13 @@ DEFAULTS: dict[str, Any] = {
 DOC = {
     "meaning": "Individual steps where the loss jumps far above its local level.",
     "rule": "residual to a centred rolling median (window) exceeds z robust σ (1.4826·MAD of "
-            "the residuals) and min_rel_jump × the local level, and the loss comes back down "
-            "(median of the next recover_steps below level + recover_frac × jump; a loss "
-            "that stays up is loss_divergence, not a spike).",
+            "the residuals), min_rel_jump × the local level and min_fall_frac × how far the "
+            "loss has fallen from its first half window's median (a converged loss is "
+            "heavy-tailed per batch: one hard example in a batch of 32 at the starting loss "
+            "moves the batch mean by ~3% of the start, so a bump that gives back under 5% of "
+            "what training gained is ordinary), and the loss comes back down (median of the "
+            "next recover_steps below level + recover_frac × jump; a loss that stays up is "
+            "loss_divergence, not a spike).",
     "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
              "(the spike steps' data), use a larger batch or loss scaling with AMP.",
 }
@@ -52,9 +57,16 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
     prev = _stats.nanmedian(before, axis=1)  # all-NaN windows (step 0) → NaN
     jump = loss - prev
     thr = th.z * max(sigma, 1e-12)
+    # What training has gained so far: the fall from the first half window's level to the
+    # level before this step (nothing where the loss has not fallen: fine-tuning from a
+    # converged checkpoint, random labels). On a converged loss the per-batch tail grows
+    # relative to the small level, so the relative floor alone passes ordinary hard batches.
+    start = float(_stats.nanmedian(loss[:h].astype(np.float64)[None, :], axis=1)[0])
     with np.errstate(invalid="ignore"):
-        hit = (np.isfinite(loss) & (resid > thr) & (resid > floor)
-               & (jump > thr) & (jump > float(th.min_rel_jump) * np.abs(prev)))
+        gained = float(th.min_fall_frac) * np.maximum(start - prev, 0.0)
+        hit = (np.isfinite(loss) & (resid > thr) & (resid > floor) & (resid > gained)
+               & (jump > thr) & (jump > float(th.min_rel_jump) * np.abs(prev))
+               & (jump > gained))
     # A spike comes back down; a loss that stays up is divergence (its own detector).
     k = max(1, int(th.recover_steps))
     after = np.lib.stride_tricks.sliding_window_view(
