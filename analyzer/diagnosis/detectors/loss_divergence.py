@@ -26,6 +26,10 @@ DEFAULTS: dict[str, Any] = {
     "noise_sigmas": 1.5,   # ... and the end (a median of tail steps) > this many σ of the
                            # loss's step-to-step noise above the best tail/2-step median
     "tail_frac": 0.1,      # "final level" = median of the last tail_frac of the steps
+    "blowup": 0.25,        # never recovered: from step 0 the smoothed loss climbs over this
+                           # share of |step-0 loss| above it (at initialisation a model's loss
+                           # is an uninformed guess's; a quarter above it is a model made
+                           # worse than knowing nothing) and the end is still above step 0's
     "min_steps": 20,
 }
 DOC = {
@@ -37,7 +41,11 @@ DOC = {
             "at its new, worse level; the noise is measured up to the best point, as a "
             "diverging loss is turbulent itself). A loss that turns nonfinite without "
             "rising first is the nonfinite finding's. A learning-rate jump just before the "
-            "onset is named as its cause.",
+            "onset is named as its cause. Also a loss that never recovered: in a run "
+            "recorded from step 0, the smoothed loss climbs more than blowup × |step-0 "
+            "loss| above the step-0 loss in the first half of the run and the end is still "
+            "above the step-0 loss (its best is then its start, hidden from the rule above "
+            "by the smoothing of the first window).",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
              "LR schedule, use bf16/loss scaling, normalise inputs.",
 }
@@ -84,7 +92,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     rose = (end - best > th.rise * ref and end - best > th.rise_abs * abs(best)
             and end - best_level > th.noise_sigmas * noise and ib < len(sm) - tail)
     if not rose:
-        return []
+        return _never_recovered(ctx, th, r, step, loss, sm, end, tail_nonfinite)
     level = end if not tail_nonfinite else float("inf")
     # onset: the first raw loss after the best that leaves the best level by a tenth of
     # the rise, and the smoothed loss stays above that from there
@@ -115,4 +123,35 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"best_loss": best, "best_step": int(step[ib]), "start_loss": start,
                   "end_loss": level, "rise": end - best, "loss_noise": noise, "rank": r,
+                  "ended_nonfinite": tail_nonfinite, "cause": cause})]
+
+
+def _never_recovered(ctx: Context, th: Thresholds, r: int, step: np.ndarray, loss: np.ndarray,
+                     sm: np.ndarray, end: float, tail_nonfinite: bool) -> list[Finding]:
+    """The loss rose from its very first step and never came back below it (a learning rate
+    too high from the start: the model is left worse than at initialisation)."""
+    if int(step[0]) != 0:  # (a resumed run's first loss is not the model at initialisation)
+        return []
+    l0 = float(loss[0])
+    half = sm[: max(1, len(sm) // 2)]
+    ip = int(np.nanargmax(half))
+    peak = float(half[ip])
+    if not (peak - l0 > float(th.blowup) * abs(l0) and (end > l0 or tail_nonfinite)):
+        return []
+    up = np.flatnonzero(loss[1:] > l0 + 0.1 * (peak - l0))
+    first = int(step[1 + int(up[0])]) if len(up) else int(step[ip])
+    cause = _changes.within(ctx, first - 10, first + 2)
+    first, because = _changes.dated_by(cause, first)
+    how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
+    return [Finding(
+        id=ID, severity="error", subject="loss", first_step=first,
+        title="Loss rose from the start and never recovered",
+        message=(f"The loss rose from {l0:.4g} at step 0 to {peak:.4g} (step {int(step[ip])}) "
+                 f"from step {first}{because}, and never came back below where it started: "
+                 f"it {how}. Training left the model worse than at initialisation."
+                 + ("" if cause else _changes.early_lr_note(ctx, first))),
+        advice=DOC["fixes"], chart=anchors.LOSS,
+        evidence={"best_loss": l0, "best_step": 0, "start_loss": l0,
+                  "end_loss": end if not tail_nonfinite else float("inf"),
+                  "peak_loss": peak, "rise": end - l0, "never_recovered": True, "rank": r,
                   "ended_nonfinite": tail_nonfinite, "cause": cause})]
