@@ -3,7 +3,8 @@ and ``file://`` URLs, through pyarrow's own filesystems.
 
 pyarrow is already what reads and writes every part, and its filesystems (S3, GCS, Azure)
 take credentials from each store's standard chain (environment, config files, instance
-roles) and the endpoint of an S3-compatible store (MinIO) from ``AWS_ENDPOINT_URL``: no
+roles), the endpoint of an S3-compatible store (MinIO) from ``AWS_ENDPOINT_URL`` and a Cloud
+Storage emulator's from ``STORAGE_EMULATOR_HOST`` (as Google's own client libraries): no
 second client library, and no DuckDB extension downloaded at run time (machines may be
 offline).
 
@@ -82,10 +83,27 @@ def locate(url: str) -> Location:
     from pyarrow import fs as pafs
 
     try:
-        filesystem, root = pafs.FileSystem.from_uri(url)
+        emulated = _gcs_emulator(SCHEMES[scheme], parts.netloc, parts.path)
+        filesystem, root = emulated or pafs.FileSystem.from_uri(url)
     except (ValueError, TypeError) as e:  # pyarrow: ArrowInvalid is a ValueError
         raise ValueError(f"cannot use {url!r}: {e}") from None
     return Location(url=url.rstrip("/"), fs=filesystem, root=root.rstrip("/"))
+
+
+def _gcs_emulator(kind: str, bucket: str, path: str) -> tuple[Any, str] | None:
+    """A ``gs://`` URL served by a Cloud Storage emulator: Google's client libraries take its
+    address from ``STORAGE_EMULATOR_HOST`` (``http://host:port`` or ``host:port``), with no
+    credentials. None for any other URL or when the variable is unset."""
+    import os
+
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if kind != "gs" or not host:
+        return None
+    from pyarrow import fs as pafs
+
+    scheme, _, rest = host.rpartition("://")
+    return (pafs.GcsFileSystem(endpoint_override=rest.rstrip("/"), scheme=scheme or "http",
+                               anonymous=True), f"{bucket}{path}")
 
 
 def run_file(rel: str) -> str | None:
