@@ -88,3 +88,12 @@ def test_a_long_run_compares_with_step_0_itself(tmp_path):
     d = _findings(make_run(tmp_path, steps=n, loss=loss, lr=0.3))["loss_divergence"]
     assert d["evidence"]["never_recovered"] is True and d["evidence"]["start_loss"] == 4.18
     assert d["first_step"] <= 3
+
+
+def test_a_long_noisy_loss_that_never_moved_is_judged_by_one_step_s_noise(tmp_path):
+    """40,000 steps of a flat chi-square loss from a low step 0: the bucket medians the
+    shape is read from are nearly noiseless, but step 0 is one draw of the raw loss."""
+    rng = np.random.default_rng(1)
+    loss = 1.4 * rng.chisquare(16, 40_000) / 16
+    loss[0] = 1.4 * (1 - 1.5 * np.sqrt(2 / 16))
+    assert "loss_divergence" not in _findings(make_run(tmp_path, steps=40_000, loss=loss))

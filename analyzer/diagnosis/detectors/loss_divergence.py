@@ -73,6 +73,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # the loss of the model at initialisation: step 0's own, before any bucketing (a resumed
     # run's first loss is not)
     init = float(loss[0]) if int(step[0]) == 0 else None
+    step_noise = _stats.mad_sigma(np.diff(loss)) / np.sqrt(2.0)  # (one raw step's σ)
     if len(loss) > MAX_POINTS:
         # long runs: window medians first (the shape is what matters; keeps this O(n))
         x, y = _stats.bucket_series(step.astype(np.float64), loss, MAX_POINTS, how="median")
@@ -101,7 +102,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     rose = (end - best > th.rise * ref and end - best > th.rise_abs * abs(best)
             and end - best_level > th.noise_sigmas * noise and ib < len(sm) - tail)
     if not rose:
-        return _never_recovered(ctx, th, r, init, step, loss, sm, end, tail_nonfinite)
+        return _never_recovered(ctx, th, r, (init, step_noise), step, loss, sm, end,
+                                tail_nonfinite)
     level = end if not tail_nonfinite else float("inf")
     # onset: the first raw loss after the best that leaves the best level by a tenth of
     # the rise, and the smoothed loss stays above that from there
@@ -135,19 +137,20 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                   "ended_nonfinite": tail_nonfinite, "cause": cause})]
 
 
-def _never_recovered(ctx: Context, th: Thresholds, r: int, init: float | None,
+def _never_recovered(ctx: Context, th: Thresholds, r: int, init: tuple[float | None, float],
                      step: np.ndarray, loss: np.ndarray, sm: np.ndarray, end: float,
                      tail_nonfinite: bool) -> list[Finding]:
     """The loss rose from its very first step and never came back below it (a learning rate
     too high from the start: the model is left worse than at initialisation). ``init``:
-    step 0's loss (None for a run not recorded from step 0)."""
-    if init is None:
+    step 0's loss (None for a run not recorded from step 0) and one raw step's noise σ (a
+    long run's ``loss`` is bucket medians, whose own steps are far less noisy than step 0,
+    a single draw)."""
+    l0, noise = init
+    if l0 is None:
         return []
-    l0 = init
     half = sm[: max(1, len(sm) // 2)]
     ip = int(np.nanargmax(half))
     peak = float(half[ip])
-    noise = _stats.mad_sigma(np.diff(loss)) / np.sqrt(2.0)  # (one step's σ)
     if not (peak - l0 > float(th.blowup) * abs(l0) and peak - l0 > th.blowup_sigmas * noise
             and (end > l0 or tail_nonfinite)):
         return []
