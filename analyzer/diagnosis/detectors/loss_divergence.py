@@ -102,8 +102,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     rose = (end - best > th.rise * ref and end - best > th.rise_abs * abs(best)
             and end - best_level > th.noise_sigmas * noise and ib < len(sm) - tail)
     if not rose:
-        return _never_recovered(ctx, th, r, (init, step_noise), step, loss, sm, end,
-                                tail_nonfinite)
+        return _never_recovered(ctx, th, r, step, loss, sm, end, tail_nonfinite,
+                                l0=init, noise=step_noise)
     level = end if not tail_nonfinite else float("inf")
     # onset: the first raw loss after the best that leaves the best level by a tenth of
     # the rise, and the smoothed loss stays above that from there
@@ -137,15 +137,14 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                   "ended_nonfinite": tail_nonfinite, "cause": cause})]
 
 
-def _never_recovered(ctx: Context, th: Thresholds, r: int, init: tuple[float | None, float],
-                     step: np.ndarray, loss: np.ndarray, sm: np.ndarray, end: float,
-                     tail_nonfinite: bool) -> list[Finding]:
+def _never_recovered(ctx: Context, th: Thresholds, r: int, step: np.ndarray,
+                     loss: np.ndarray, sm: np.ndarray, end: float, tail_nonfinite: bool, *,
+                     l0: float | None, noise: float) -> list[Finding]:
     """The loss rose from its very first step and never came back below it (a learning rate
-    too high from the start: the model is left worse than at initialisation). ``init``:
-    step 0's loss (None for a run not recorded from step 0) and one raw step's noise σ (a
-    long run's ``loss`` is bucket medians, whose own steps are far less noisy than step 0,
-    a single draw)."""
-    l0, noise = init
+    too high from the start: the model is left worse than at initialisation). ``l0``: step
+    0's loss (None for a run not recorded from step 0); ``noise``: one raw step's σ (a long
+    run's ``loss`` is bucket medians, whose own steps are far less noisy than step 0, a
+    single draw)."""
     if l0 is None:
         return []
     half = sm[: max(1, len(sm) // 2)]

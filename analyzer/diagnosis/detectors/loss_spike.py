@@ -61,7 +61,7 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
     # level before this step (nothing where the loss has not fallen: fine-tuning from a
     # converged checkpoint, random labels). On a converged loss the per-batch tail grows
     # relative to the small level, so the relative floor alone passes ordinary hard batches.
-    start = float(_stats.nanmedian(loss[:h].astype(np.float64)[None, :], axis=1)[0])
+    start = float(_stats.nanmedian(loss[:h], axis=0))
     with np.errstate(invalid="ignore"):
         gained = float(th.min_fall_frac) * np.maximum(start - prev, 0.0)
         hit = (np.isfinite(loss) & (resid > thr) & (resid > floor) & (resid > gained)
