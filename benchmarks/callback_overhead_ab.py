@@ -34,7 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from integration_overhead import hf_train, lightning_fit  # (torch on one thread)
+from integration_overhead import (  # (torch on one thread)
+    hf_train,
+    lightning_fit,
+    plain_fit,
+)
 
 
 class Turns:
@@ -122,36 +126,7 @@ def plain(me: str, turns: Turns, recorded: bool, out: Path) -> None:
     """The same workload in a hand-written loop with the plain Recorder: the reference the
     callbacks are held to, measured by this harness's own method (same DataLoader, same
     turn boundary: the step begin, after the batch is fetched)."""
-    import torch
-    from integration_overhead import mlp
-
-    model = mlp()
-    opt = torch.optim.AdamW(model.parameters(), 1e-4)
-    g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
-                                          torch.randn(128, 256, generator=g))
-    loader: Any = torch.utils.data.DataLoader(data, batch_size=32)
-    rec = None
-    if recorded:
-        from tracealyze.recorder import Recorder
-
-        rec = Recorder(out / "run", model=model, optimizer=opt, **_knobs())
-        loader = rec.wrap_loader(loader)
-    step = 0
-    while step < turns.steps:
-        for x, y in loader:
-            turns.begin(me)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if rec is not None:
-                rec.step(loss)
-            step += 1
-            if step >= turns.steps:
-                break
-    if rec is not None:
-        rec.close()
+    plain_fit(lambda: turns.begin(me), turns.steps, out, recorded=recorded, knobs=_knobs())
 
 
 def once(framework: str, steps: int, warm: int, aa: bool) -> dict[str, float]:

@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,63 +33,17 @@ HERE = Path(__file__).resolve().parent
 STEPS, WARM = 300, 100
 
 
-class Boundaries:
-    """Thread CPU and process CPU at every step begin."""
-
-    def __init__(self) -> None:
-        self.thread: list[float] = []
-        self.proc: list[float] = []
-
-    def tick(self) -> None:
-        self.thread.append(time.thread_time())
-        self.proc.append(time.process_time())
-
-    def result(self) -> dict[str, float]:
-        t = self.thread[WARM:STEPS + 1]
-        p = self.proc[WARM:STEPS + 1]
-        per_step = [b - a for a, b in itertools.pairwise(t)]
-        n = len(per_step)
-        others = max(0.0, (p[-1] - p[0]) - (t[-1] - t[0])) / n
-        return {"thread_ms": 1e3 * statistics.median(per_step), "others_ms": 1e3 * others,
-                "steps": n}
+def _result(clock: Any) -> dict[str, float]:
+    """Per measured step (WARM..STEPS): the training thread's median CPU, and the other
+    threads' CPU (the process's less the training thread's) spread over the steps."""
+    t, p = clock.thread[WARM:STEPS + 1], clock.cpu[WARM:STEPS + 1]
+    per_step = [b - a for a, b in itertools.pairwise(t)]
+    others = max(0.0, (p[-1] - p[0]) - (t[-1] - t[0])) / len(per_step)
+    return {"thread_ms": 1e3 * statistics.median(per_step), "others_ms": 1e3 * others,
+            "steps": len(per_step)}
 
 
-def _plain(recorded: bool, clip: bool, out: Path, b: Boundaries) -> None:
-    import torch
-    from integration_overhead import mlp
-
-    model = mlp()
-    opt = torch.optim.AdamW(model.parameters(), 1e-4)
-    g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
-                                          torch.randn(128, 256, generator=g))
-    loader: Any = torch.utils.data.DataLoader(data, batch_size=32)
-    rec = None
-    if recorded:
-        from tracealyze.recorder import Recorder
-
-        rec = Recorder(out / "run", model=model, optimizer=opt)
-        loader = rec.wrap_loader(loader)
-    step = 0
-    while step <= STEPS:
-        for x, y in loader:
-            b.tick()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            if clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if rec is not None:
-                rec.step(loss)
-            step += 1
-            if step > STEPS:
-                break
-    if rec is not None:
-        rec.close()
-
-
-def _framework(kind: str, recorded: bool, out: Path, b: Boundaries) -> None:
+def _framework(kind: str, recorded: bool, out: Path, b: Any) -> None:
     from integration_overhead import hf_train, lightning_fit
 
     if kind == "hf":
@@ -116,13 +69,15 @@ def _framework(kind: str, recorded: bool, out: Path, b: Boundaries) -> None:
 
 
 def child(side: str, kind: str, recorded: bool) -> None:
-    b = Boundaries()
+    from integration_overhead import Clock, plain_fit
+
+    clock = Clock()
     with tempfile.TemporaryDirectory() as td:
         if side == "plain":
-            _plain(recorded, clip=kind == "hf", out=Path(td), b=b)
+            plain_fit(clock.tick, STEPS + 1, Path(td), recorded=recorded, clip=kind == "hf")
         else:
-            _framework(kind, recorded, Path(td), b)
-    print(json.dumps(b.result()))
+            _framework(kind, recorded, Path(td), clock)
+    print(json.dumps(_result(clock)))
 
 
 def _run(side: str, kind: str, recorded: bool) -> dict[str, float]:

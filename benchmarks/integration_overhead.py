@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,17 @@ def mlp() -> nn.Module:
 
 
 class Clock:
-    """Step-end times and process CPU at each step end."""
+    """Wall time, process CPU and the ticking thread's CPU at each step boundary."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.thread: list[float] = []
 
     def tick(self) -> None:
         self.wall.append(time.perf_counter())
         self.cpu.append(time.process_time())
+        self.thread.append(time.thread_time())
 
     def figures(self, warm: int) -> tuple[float, float]:
         steps = [b - a for a, b in zip(self.wall[warm:], self.wall[warm + 1:], strict=False)]
@@ -97,13 +100,51 @@ def lightning_fit(callbacks: list[Any], steps: int, out: Path) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), 1e-4)
 
-    g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
-                                          torch.randn(128, 256, generator=g))
     L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
               enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
               default_root_dir=str(out)).fit(
-        Module(), torch.utils.data.DataLoader(data, batch_size=32))
+        Module(), torch.utils.data.DataLoader(dataset(), batch_size=32))
+
+
+def dataset() -> torch.utils.data.TensorDataset:
+    """The workload's 128 samples (4 batches of 32 an epoch), for every loop alike."""
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(torch.randn(128, 256, generator=g),
+                                          torch.randn(128, 256, generator=g))
+
+
+def plain_fit(step_begin: Callable[[], None], steps: int, out: Path, *, recorded: bool,
+              clip: bool = False, knobs: dict[str, Any] | None = None) -> None:
+    """The workload in a hand-written loop over the same DataLoader, with the plain Recorder
+    when ``recorded`` (``rec.wrap_loader``, ``rec.step``): the reference the callbacks are
+    held to. ``step_begin()`` at each step's begin, after its batch is fetched; ``clip``:
+    ``clip_grad_norm_(1.0)``, as transformers' Trainer does."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), 1e-4)
+    loader: Any = torch.utils.data.DataLoader(dataset(), batch_size=32)
+    rec = None
+    if recorded:
+        from tracealyze.recorder import Recorder
+
+        rec = Recorder(out / "run", model=model, optimizer=opt, **(knobs or {}))
+        loader = rec.wrap_loader(loader)
+    step = 0
+    while step < steps:
+        for x, y in loader:
+            step_begin()
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if clip:
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if rec is not None:
+                rec.step(loss)
+            step += 1
+            if step >= steps:
+                break
+    if rec is not None:
+        rec.close()
 
 
 def run_hf(recorded: bool, steps: int, out: Path) -> Clock:

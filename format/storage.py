@@ -18,6 +18,7 @@ files, segment by segment (no ``..``, no empty or absolute segment, no backslash
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -94,8 +95,6 @@ def _gcs_emulator(kind: str, bucket: str, path: str) -> tuple[Any, str] | None:
     """A ``gs://`` URL served by a Cloud Storage emulator: Google's client libraries take its
     address from ``STORAGE_EMULATOR_HOST`` (``http://host:port`` or ``host:port``), with no
     credentials. None for any other URL or when the variable is unset."""
-    import os
-
     host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
     if kind != "gs" or not host:
         return None

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,31 @@ DESIGN_MINIMUM = {
     "trace_events": ["trace_id", "step", "cat", "name", "ts_us", "dur_us", "pid", "tid",
                      "stream", "correlation", "external_id"],
 }
+
+
+def sgd_step(model: nn.Module, opt: torch.optim.Optimizer, rec: Any, x: torch.Tensor) -> None:
+    """One recorded SGD step on ``x``."""
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    rec.step(loss=loss)
+
+
+def record_small_run(run_dir: str | Path, steps: int, **knobs: Any) -> list[float]:
+    """A small seeded MLP trained ``steps`` steps under a Recorder at ``run_dir`` (a path or a
+    store URL), 5 ms apart; the steps' durations."""
+    from tracealyze.recorder import Recorder
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    durations = []
+    with Recorder(run_dir, model=model, optimizer=opt, flush_interval_s=0.2,
+                  system_interval_s=0, profile_start=0, **knobs) as rec:
+        for _ in range(steps):
+            t = time.perf_counter()
+            sgd_step(model, opt, rec, torch.randn(16, 8))
+            time.sleep(0.005)
+            durations.append(time.perf_counter() - t)
+    return durations

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
+from rec_helpers import record_small_run as _train
 from torch import nn
 from tracealyze.analyzer.cli import main
 from tracealyze.format import storage
@@ -52,20 +52,6 @@ def gcs(gcs_host: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_host)
     monkeypatch.setenv("TRACEALYZE_CACHE_DIR", str(tmp_path / "cache"))
     return f"gs://{BUCKET}/{tmp_path.name}"
-
-
-def _train(run_dir: str | Path, steps: int, **knobs: object) -> None:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with Recorder(run_dir, model=model, optimizer=opt, flush_interval_s=0.2,
-                  system_interval_s=0, profile_start=0, **knobs) as rec:
-        for _ in range(steps):
-            loss = model(torch.randn(16, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            rec.step(loss=loss)
 
 
 def _cli(*args: str) -> str:

@@ -12,35 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from rec_helpers import record_small_run as _train
+from rec_helpers import sgd_step as _step
 from torch import nn
 from tracealyze.analyzer.cli import main
 from tracealyze.format import storage
 from tracealyze.recorder import Recorder
-
-
-def _step(model: nn.Module, opt: torch.optim.Optimizer, rec: Recorder,
-          x: torch.Tensor) -> None:
-    """One recorded SGD step on ``x``."""
-    loss = model(x).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    rec.step(loss=loss)
-
-
-def _train(run_dir: str | Path, steps: int, **knobs: object) -> list[float]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    durations = []
-    with Recorder(run_dir, model=model, optimizer=opt, flush_interval_s=0.2,
-                  system_interval_s=0, profile_start=0, **knobs) as rec:
-        for _ in range(steps):
-            t = time.perf_counter()
-            _step(model, opt, rec, torch.randn(16, 8))
-            time.sleep(0.005)
-            durations.append(time.perf_counter() - t)
-    return durations
 
 
 def _summary(target: str) -> dict:
