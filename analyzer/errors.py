@@ -15,6 +15,11 @@ class RunDirError(TracealyzeError):
     """The path is missing, is not a run directory, or its run.json is unreadable."""
 
 
+class StoreError(RunDirError):
+    """The object store holding a run did not answer a read (down, refusing): the command
+    fails; the data is not at fault."""
+
+
 class SchemaVersionError(RunDirError):
     """The run was written by a newer recorder than this analyzer understands."""
 
@@ -36,7 +41,11 @@ class ReportError(TracealyzeError):
 
 
 def one_line(e: BaseException) -> str:
-    """DuckDB messages span lines (LINE 1: ... ^); keep the informative first line."""
+    """DuckDB messages span lines (LINE 1: ... ^); keep the informative first line. An
+    error raised in Python under DuckDB (a part read in place: run.inplace) comes as a
+    traceback: its last line says what went wrong."""
     text = str(e).strip()
-    first = text.splitlines()[0] if text else type(e).__name__
-    return first.strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    return lines[-1] if lines[0].startswith("Traceback (most recent call last)") else lines[0]

@@ -7,7 +7,9 @@ its own process, as a remote store would be):
   Also the bytes uploaded per step.
 * ``read``: ``summary`` of a 100,000-step run from the bucket (cold: empty cache; warm: the
   cache from the previous command) against the same run on local disk, fresh CLI processes;
-  and the requests the server answered per ``summary``.
+  the requests the server answered per ``summary`` and the bytes of the parts it read; and
+  a one-column ``query`` of tensor_stats (cold): its requests and the share of the table
+  it read (the parts are read in place, analyzer/run/inplace.py).
 * ``node-loss``: a training process recording to the bucket is killed (``kill -9``) at a
   random moment and its spool deleted, as when a preemptible node disappears with its disk;
   the training seconds the store lacks (steps done but never uploaded × step time) against
@@ -121,11 +123,21 @@ def overhead(repeats: int) -> None:
         print(f"uploaded {statistics.median(per_step):,.0f} bytes per step")
 
 
-def _summary(target: str, env: dict[str, str]) -> float:
+def _summary(target: str, env: dict[str, str], *cmd: str) -> float:
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "from tracealyze.analyzer.cli import main; main()",
-                    "summary", target, "--json"], env=env, check=True, capture_output=True)
+                    *(cmd or ("summary", target, "--json"))], env=env, check=True,
+                   capture_output=True)
     return time.perf_counter() - t
+
+
+def _fetched(cache: Path, table: str = "") -> int:
+    """Bytes of parts (of ``table``) that the cache holds: what was read in place."""
+    return sum(b - a for index in cache.rglob(f".ranges/{table}*/*.json")
+               for a, b in json.loads(index.read_text()))
+
+
+SELECTIVE = "SELECT max(step), count(DISTINCT name) FROM tensor_stats"
 
 
 def read(repeats: int, steps: int) -> None:
@@ -146,14 +158,22 @@ def read(repeats: int, steps: int) -> None:
             files = len(storage.list_run(loc))
             cache = Path(td) / "cache"
             env = {**server.env, "TRACEALYZE_CACHE_DIR": str(cache)}
-            local, cold, warm, reqs = [], [], [], []
+            table = sum(f.stat().st_size for f in (run / "tensor_stats").rglob("*.parquet"))
+            parts = sum(f.stat().st_size for f in run.rglob("*.parquet"))
+            local, cold, warm, reqs, got, sel, sel_got, sel_reqs = ([] for _ in range(8))
             for _ in range(repeats):
                 local.append(_summary(str(run), env))
                 shutil.rmtree(cache, ignore_errors=True)
                 before = server.requests()
                 cold.append(_summary(url, env))
                 reqs.append(server.requests() - before)
+                got.append(_fetched(cache))
                 warm.append(_summary(url, env))
+                shutil.rmtree(cache, ignore_errors=True)
+                before = server.requests()
+                sel.append(_summary(url, env, "query", url, SELECTIVE))
+                sel_reqs.append(server.requests() - before)
+                sel_got.append(_fetched(cache, "tensor_stats"))
     finally:
         server.stop()
 
@@ -165,6 +185,11 @@ def read(repeats: int, steps: int) -> None:
     print(f"summary s3 (cold)  {fmt(cold)}  ratio {statistics.median(cold) / base:.2f}x, "
           f"{statistics.median(reqs):.0f} requests")
     print(f"summary s3 (warm)  {fmt(warm)}  ratio {statistics.median(warm) / base:.2f}x")
+    print(f"summary s3 (cold) read {statistics.median(got) / 2**20:.1f} MiB of the parts' "
+          f"{parts / 2**20:.1f} MiB")
+    print(f"query {SELECTIVE!r} (cold) {fmt(sel)}, {statistics.median(sel_reqs):.0f} "
+          f"requests, read {statistics.median(sel_got) / 2**20:.2f} MiB of tensor_stats' "
+          f"{table / 2**20:.1f} MiB ({100 * statistics.median(sel_got) / table:.0f}%)")
 
 
 TRAIN = """

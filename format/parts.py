@@ -18,13 +18,14 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .schema import PARTITION, TABLES
 
 PART_RE = re.compile(r"^part-(\d{1,12})(?:-(\d{1,12}))?\.parquet$")
 RANK_DIR_RE = re.compile(r"^rank=(\d{1,10})$")
 RANK_FILE_RE = re.compile(r"^rank=(\d{1,10})\.json$")
+T = TypeVar("T")
 MAX_RANK = 2**31 - 1
 """Ranks are int32 (the partition's type in every reader)."""
 
@@ -78,22 +79,35 @@ def _ranges(folder: Path) -> list[tuple[int, int, Path]]:
     except OSError:
         return out
     for e in entries:
-        m = PART_RE.match(e.name)
-        if m is None or not e.is_file(follow_symlinks=False):
-            continue
-        a = int(m.group(1))
-        b = int(m.group(2)) if m.group(2) else a
-        if b >= a:
-            out.append((a, b, Path(e.path)))
+        seqs = part_range(e.name)
+        if seqs is not None and e.is_file(follow_symlinks=False):
+            out.append((*seqs, Path(e.path)))
     return out
+
+
+def part_range(name: str) -> tuple[int, int] | None:
+    """(first, last) sequence of a part file's name; None if not a part's name."""
+    m = PART_RE.match(name)
+    if m is None:
+        return None
+    a = int(m.group(1))
+    b = int(m.group(2)) if m.group(2) else a
+    return (a, b) if b >= a else None
 
 
 def top_level(folder: Path) -> tuple[list[tuple[int, int, Path]], list[Path]]:
     """(files that are data, files superseded by a merged part) of one rank folder, data
     in sequence order."""
-    found = sorted(_ranges(folder), key=lambda x: (x[0], -x[1]))
-    kept: list[tuple[int, int, Path]] = []
-    covered: list[Path] = []
+    return superseding(_ranges(folder))
+
+
+def superseding(ranges: Iterable[tuple[int, int, T]]) -> tuple[list[tuple[int, int, T]], list[T]]:
+    """(the parts that are data, the parts a merged part supersedes) among one rank
+    folder's ``(first, last, part)``, data in sequence order: the rule of :func:`top_level`
+    for any listing (a bucket's, too)."""
+    found = sorted(ranges, key=lambda x: (x[0], -x[1]))
+    kept: list[tuple[int, int, T]] = []
+    covered: list[T] = []
     end = -1  # ranges are sorted by start, widest first: nested ones start before `end`
     for a, b, p in found:
         if kept and a <= end and b <= end:

@@ -437,3 +437,14 @@ def listing(run_dir: Path | str) -> dict[str, tuple[int, int]]:
     root = Path(run_dir)
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def upload_run(local: Path, url: str) -> None:
+    """Every file of the run directory ``local`` into the store at ``url``, as they are."""
+    from tracealyze.format import storage
+
+    loc = storage.locate(url)
+    for f in sorted(local.rglob("*")):
+        if f.is_file():
+            with loc.fs.open_output_stream(f"{loc.root}/{f.relative_to(local).as_posix()}") as o:
+                o.write(f.read_bytes())

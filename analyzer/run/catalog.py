@@ -20,7 +20,6 @@ from tracealyze.format.parts import (
     is_real_dir,
     is_regular,
     rank_of,
-    table_parts,
 )
 from tracealyze.format.runmeta import MetaError, load_json
 from tracealyze.format.storage import is_url
@@ -28,6 +27,7 @@ from tracealyze.format.storage import is_url
 from ..errors import RunDirError, SchemaVersionError
 from ..sql.safe import lock
 from ..sql.schema import SCHEMA_VERSION, TABLE_NAMES
+from . import inplace
 from .footers import validate
 from .handle import Run
 from .held import (
@@ -77,6 +77,8 @@ def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool =
     run.url = url
 
     def reopen() -> Any:  # a part merged away under a query (live.RetryingConnection)
+        if url is not None:
+            inplace.relist(run.run_dir)
         fresh, fresh_con = _scan_and_connect(run.run_dir, True, allow_files)
         for name in ("meta", "rank_meta", "skipped_parts", "files", "raw_traces", "ranks"):
             setattr(run, name, getattr(fresh, name))
@@ -186,7 +188,7 @@ def scan_run(path: str | Path, *, allow_empty: bool = False, sink: PartSink | No
     for table in TABLE_NAMES:
         for attempt in range(RELISTS):
             # Only regular files in real rank folders: a link could pull another run's data.
-            per_rank = table_parts(run_dir, table)
+            per_rank = inplace.table_parts(run_dir, table, fresh=attempt > 0)
             files = [f for r in sorted(per_rank) for f in per_rank[r]]
             skipped: list[tuple[Path, str]] = []
             streamed = sink is not None and table != "trace_events" and len(files) > HOLD_PARTS

@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import one_line
+from ..errors import StoreError, one_line
 from ..sql.schema import TABLES
+from .inplace import open_part
 from .view_sql import arrow_to_logical
 
 
@@ -43,17 +44,18 @@ class _Schemas:
 
 def _footer(f: Path, schemas: _Schemas) -> tuple[Any, int] | str:
     """(arrow schema, rows) of ``f``, or why it is not data; Vanished if it is gone."""
-    import pyarrow as pa
     import pyarrow._parquet as _pq
 
     try:
-        with pa.OSFile(str(f)) as fh:
+        with open_part(f) as fh:
             reader = _pq.ParquetReader()
             reader.open(fh)
             md = reader.metadata
         return schemas.arrow(md), md.num_rows
     except FileNotFoundError:
         raise Vanished(str(f)) from None
+    except StoreError:  # the store did not answer: the command fails, the part is not bad
+        raise
     except Exception as e:  # any unreadable footer means: not usable data
         return f"unreadable Parquet footer ({type(e).__name__}: {one_line(e)[:160]})"
 

@@ -30,8 +30,9 @@ RETRIES = 3
 def vanished(exc: BaseException) -> bool:
     """True when a DuckDB error says a file it was given is no longer there."""
     text = str(exc)
-    return type(exc).__name__ == "IOException" and (
+    return (type(exc).__name__ == "IOException" and (
         "No files found" in text or "No such file" in text or "does not exist" in text)
+    ) or "FileNotFoundError: No such file" in text  # (a part read in place: inplace.py)
 
 
 class RetryingConnection:

@@ -1,13 +1,15 @@
 """A run directory in object storage (``s3://``, ``gs://``, ``az://``, ``file://``), read
 through a local mirror.
 
-Every command opens a URL by bringing the run's files (format.storage.run_file: run.json, the
-rank files, the parts, raw traces; nothing else under the prefix) into a cache folder, one
-per URL, and then reads that folder exactly as a local run: the same checks, views and
-sandbox. The store is listed once per command, and a file is fetched again only when its
-size or modification time changed since the last command: a second ``summary`` or a
-``report`` after it fetches nothing of a finished run. A compacted run is one part per table
-and rank, so the requests grow with tables × ranks, not with steps.
+Every command opens a URL by listing the store once and bringing the run's small files
+(format.storage.run_file: run.json, the rank files, raw traces; nothing else under the
+prefix) into a cache folder, one per URL; its parts are read in place (:mod:`.inplace`:
+the footers and the column chunks a query needs, in ranged reads kept in the same folder).
+The folder is then read exactly as a local run: the same checks, views and sandbox. A file
+is fetched again only when its size or modification time changed since the last command: a
+second ``summary`` or a ``report`` after it fetches nothing of a finished run. A compacted
+run is one part per table and rank, so the requests grow with tables × ranks, not with
+steps.
 
 The cache lives in ``$TRACEALYZE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tracealyze/runs``, else
 ``~/.cache/tracealyze/runs``. Deleting it is always safe.
@@ -34,6 +36,7 @@ from tracealyze.format.storage import (
 )
 
 from ..errors import RunDirError, one_line
+from . import inplace
 
 MANIFEST = ".tracealyze-mirror.json"
 """In each mirror: the URL and, per file, the (size, mtime) it was fetched at."""
@@ -60,12 +63,15 @@ def _wanted(rel: str, tables: set[str] | None) -> bool:
     return rel.split("/", 1)[0] in tables
 
 
-def mirror(url: str, root: Path | None = None, tables: set[str] | None = None) -> Path:
+def mirror(url: str, root: Path | None = None, tables: set[str] | None = None, *,
+           whole: bool = False) -> Path:
     """The local mirror of the run at ``url``, brought up to date. RunDirError (one line)
     when the URL cannot be used, the store refuses or the prefix holds no run.
 
-    ``tables``: fetch only the parts of these tables (and the metadata): ``query`` fetches
-    what its SQL names; the other tables' files wait for a command that needs them."""
+    The parts are read in place (:mod:`.inplace`: the byte ranges a query needs) unless
+    ``whole``: then they are fetched whole, as every other file. ``tables``: only the parts
+    (and raw traces) of these tables, and the metadata: ``query`` reads what its SQL names;
+    the other tables read as empty."""
     try:
         loc = locate(url)
         files = list_run(loc)
@@ -77,11 +83,13 @@ def mirror(url: str, root: Path | None = None, tables: set[str] | None = None) -
     try:
         dest.mkdir(parents=True, exist_ok=True)
         old = _manifest(dest)
-        stale = [f for f in files if _wanted(f.rel, tables) and (
+        stale = [f for f in files if _wanted(f.rel, tables) and (whole or run_file(f.rel)
+                                                                 != "part") and (
             old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file())]
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
             list(pool.map(lambda f: fetch(loc, f, dest), stale))
-        _prune(dest, {f.rel for f in files})
+        _prune(dest, {f.rel for f in files if whole or run_file(f.rel) != "part"})
+        inplace.prune(dest, files)
         now = {f.rel: [f.size, f.mtime_ns] for f in files}
         fetched = {f.rel for f in stale}
         held = {rel: st for rel, st in now.items() if (dest / rel).is_file()
@@ -89,6 +97,11 @@ def mirror(url: str, root: Path | None = None, tables: set[str] | None = None) -
         (dest / MANIFEST).write_text(json.dumps({"url": loc.url, "files": held}))
     except OSError as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
+    if not whole:
+        try:
+            inplace.register(dest, loc, files, tables).prefetch_footers(FETCH_THREADS)
+        except FileNotFoundError:
+            pass  # (a part merged away since the listing: the footer check lists again)
     return dest
 
 
@@ -101,7 +114,7 @@ def into_store(url: str, write: Callable[[Path], T]) -> T:
         holds = has_run(list_run(loc))
     except (ValueError, OSError) as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
-    dest = mirror(url) if holds else _folder(loc.url)
+    dest = mirror(url, whole=True) if holds else _folder(loc.url)
     dest.mkdir(parents=True, exist_ok=True)
     before = local_files(dest)
     result = write(dest)
@@ -126,9 +139,12 @@ def _manifest(dest: Path) -> dict[str, list[int | None]]:
 
 
 def _prune(dest: Path, keep: set[str]) -> None:
-    """Remove mirrored files the store no longer has (parts merged away since)."""
+    """Remove mirrored files the store no longer has (parts merged away since), and whole
+    parts of a run now read in place."""
     for path in sorted(dest.rglob("*"), reverse=True):
         rel = path.relative_to(dest).as_posix()
+        if rel.split("/", 1)[0] == inplace.RANGES:
+            continue
         if path.is_file() and not path.is_symlink() and rel not in keep and rel != MANIFEST \
                 and rel != "report.html":
             path.unlink()

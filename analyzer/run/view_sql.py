@@ -11,6 +11,7 @@ from tracealyze.format.parts import rank_of
 from ..sql.safe import ident, literal
 from ..sql.schema import DUCKDB_TYPES, TABLES
 from .held import MANY_RANKS
+from .inplace import sql_path
 
 _RANK = object()
 """Stands for the rank expression in a select list until the scan is known."""
@@ -78,11 +79,11 @@ def view_sql(table: str, parts: list[tuple[Path, Any]]) -> str:
         # one scan of every file, the rank read from the file's folder: a UNION of 1,024
         # scans costs seconds per query just to plan and schedule (5.3 s against 0.2 s), and
         # a join with a (file, rank) table misleads DuckDB's join order (a 575M-row product)
-        paths = ", ".join(literal(str(p)) for fs in by_rank.values() for p in fs)
+        paths = ", ".join(literal(sql_path(p)) for fs in by_rank.values() for p in fs)
         rank = r"CAST(regexp_extract(filename, 'rank=(\d+)[/\\][^/\\]*$', 1) AS INTEGER)"
         return (f"SELECT {select(rank)} FROM read_parquet([{paths}], {opts}, "
                 "filename=true)")
     return " UNION ALL ".join(
         f"SELECT {select(f'CAST({int(r)} AS INTEGER)')} FROM read_parquet("
-        f"[{', '.join(literal(str(p)) for p in files)}], {opts})"
+        f"[{', '.join(literal(sql_path(p)) for p in files)}], {opts})"
         for r, files in sorted(by_rank.items()))

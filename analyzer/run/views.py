@@ -11,7 +11,7 @@ from ..errors import RunDirError
 from ..errors import one_line as _one_line
 from ..sql.safe import execute_one, ident, sandbox
 from ..sql.schema import TABLE_NAMES, TABLES
-from . import shards
+from . import inplace, shards
 from .held import HELD_TRACE_ROWS, HOLD_PARTS, MANY_RANKS, held, held_name, hold_parts
 from .raw_traces import load_raw_traces
 from .view_sql import view_sql as _view_sql
@@ -29,7 +29,10 @@ def new_connection(allowed: Iterable[str | Path], *, allow_files: bool = False) 
     import duckdb
 
     con = duckdb.connect(":memory:")
-    sandbox(con, allowed, allow_files=allow_files)
+    remote = inplace.prefixes([Path(p) for p in allowed])
+    if remote:  # runs in object storage, their parts read in place
+        inplace.attach(con)
+    sandbox(con, allowed, allow_files=allow_files, prefixes=remote)
     con.execute("SET enable_progress_bar = false")
     # Footers read once per file, not once per query (1,024 ranks: every view is 1,024+ files)
     con.execute("SET parquet_metadata_cache = true")

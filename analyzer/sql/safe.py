@@ -83,9 +83,10 @@ def spill_dir() -> str:
 
 
 def sandbox(con: Any, allowed: Iterable[str | Path], *, allow_files: bool = False,
-            temp_dir: str | Path | None = None) -> None:
+            temp_dir: str | Path | None = None, prefixes: Iterable[str] = ()) -> None:
     """Restrict ``con`` to reading ``allowed`` directories (and its spill dir: ``temp_dir``,
-    by default a private one); no extension is installed or loaded behind the user's back.
+    by default a private one) and ``prefixes`` (``tzstore://<run>/``: the parts of a run in
+    object storage, read in place); no extension is installed or loaded behind the user's back.
     ``allow_files=True`` (``query --allow-files``) keeps external access on: the user's own
     SQL may then read any file the user can."""
     dirs = sorted({str(Path(p).resolve()) for p in allowed})
@@ -93,7 +94,8 @@ def sandbox(con: Any, allowed: Iterable[str | Path], *, allow_files: bool = Fals
     con.execute("SET autoload_known_extensions = false")
     con.execute(f"SET temp_directory = {literal(str(temp_dir or spill_dir()))}")
     if not allow_files:
-        listed = ", ".join(literal(d.rstrip(os.sep) + os.sep) for d in dirs)
+        listed = ", ".join([*(literal(d.rstrip(os.sep) + os.sep) for d in dirs),
+                            *(literal(p) for p in prefixes)])
         con.execute(f"SET allowed_directories = [{listed}]")
         con.execute("SET enable_external_access = false")
 

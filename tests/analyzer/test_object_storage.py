@@ -14,15 +14,7 @@ from hypothesis import strategies as st
 from tracealyze.analyzer.cli import main
 from tracealyze.format import storage
 
-from tests.runfactory import make_run
-
-
-def _upload(local: Path, url: str) -> None:
-    loc = storage.locate(url)
-    for f in sorted(local.rglob("*")):
-        if f.is_file():
-            with loc.fs.open_output_stream(f"{loc.root}/{f.relative_to(local).as_posix()}") as o:
-                o.write(f.read_bytes())
+from tests.runfactory import make_run, upload_run
 
 
 def _summary(target: str) -> dict:
@@ -37,7 +29,7 @@ def test_summary_report_and_query_of_a_run_in_a_bucket(s3: str, tmp_path: Path) 
     local = make_run(tmp_path, steps=120, tensors=3, seed=4,
                      grad_norm=[1.0] * 60 + [1.0 * 1.25 ** i for i in range(60)])
     url = f"s3://{s3}/team/runs/exp1"
-    _upload(local, url)
+    upload_run(local, url)
     assert _summary(url) == _summary(str(local))  # the same findings, run id and counts
 
     res = CliRunner().invoke(main, ["report", url])
@@ -54,14 +46,14 @@ def test_summary_report_and_query_of_a_run_in_a_bucket(s3: str, tmp_path: Path) 
     assert res.output.splitlines()[-1] == "120"
 
     other = make_run(tmp_path, name="other", steps=30, seed=5)
-    _upload(other, f"s3://{s3}/team/runs/exp2")
+    upload_run(other, f"s3://{s3}/team/runs/exp2")
     res = CliRunner().invoke(main, ["query", url, f"s3://{s3}/team/runs/exp2",
                                     "SELECT run_path, count(*) FROM steps GROUP BY ALL "
                                     "ORDER BY 2", "--format", "csv"])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[1:] == [f"s3://{s3}/team/runs/exp2,30", f"{url},120"]
     # a pattern (no shell can glob a URL): every run under it, a non-run prefix left out
-    _upload(other, f"s3://{s3}/team/other/exp3")
+    upload_run(other, f"s3://{s3}/team/other/exp3")
     res = CliRunner().invoke(main, ["query", f"s3://{s3}/team/runs/exp*",
                                     "SELECT run_path, count(*) FROM steps GROUP BY ALL "
                                     "ORDER BY 2", "--format", "csv"])
@@ -73,32 +65,41 @@ def test_summary_report_and_query_of_a_run_in_a_bucket(s3: str, tmp_path: Path) 
 
 def test_a_second_command_fetches_only_what_changed(s3: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from tracealyze.analyzer.run import remote
+    from tracealyze.analyzer.run import inplace, remote
 
     local = make_run(tmp_path, steps=40, parts=4, seed=1)
     url = f"s3://{s3}/r"
-    _upload(local, url)
+    upload_run(local, url)
     fetched: list[str] = []
     real = storage.read_bytes  # (what format.storage.fetch reads with)
     monkeypatch.setattr(storage, "read_bytes", lambda loc, rel: fetched.append(rel)
                         or real(loc, rel))
-    first = remote.mirror(url)
-    assert "run.json" in fetched and any(r.endswith(".parquet") for r in fetched)
+    ranged: list[str] = []  # the parts' ranged reads
+    real_range = inplace.RangeCache._fetch
+    monkeypatch.setattr(inplace.RangeCache, "_fetch", lambda self, a, b: ranged.append(
+        self.f.rel) or real_range(self, a, b))
+    first = remote.mirror(url)  # (the small files whole; the parts are read in place)
+    assert "run.json" in fetched and not any(r.endswith(".parquet") for r in fetched)
+    before = _summary(url)
+    assert any(r.startswith("steps/") for r in ranged)
     fetched.clear()
-    assert remote.mirror(url) == first and fetched == []
-    # a part merged away on the store is gone from the mirror too
+    ranged.clear()
+    assert _summary(url) == before and fetched == [] and ranged == []
+    assert remote.mirror(url) == first
+    # a part merged away on the store: its cached ranges are gone from the mirror too
     loc = storage.locate(url)
     gone = next(f.rel for f in storage.list_run(loc) if f.rel.startswith("steps/"))
+    assert list((first / inplace.RANGES).glob(f"{gone}@*"))
     loc.fs.delete_file(f"{loc.root}/{gone}")
     remote.mirror(url)
-    assert not (first / gone).exists()
+    assert not list((first / inplace.RANGES).glob(f"{gone}@*"))
 
 
 def test_hostile_keys_never_leave_the_run_prefix(s3: str, tmp_path: Path) -> None:
     local = make_run(tmp_path, steps=20, seed=2)
     url = f"s3://{s3}/p/run"
-    _upload(local, url)
-    _upload(local, f"s3://{s3}/p/run2")  # a sibling prefix that starts the same
+    upload_run(local, url)
+    upload_run(local, f"s3://{s3}/p/run2")  # a sibling prefix that starts the same
     loc = storage.locate(url)
     for key in ("p/run/../escape/run.json", "p/run/steps/rank=0/../../../x.parquet",
                 "p/run/steps/rank=0/part-000009.parquet%2F..%2F..%2Fy",
@@ -106,12 +107,18 @@ def test_hostile_keys_never_leave_the_run_prefix(s3: str, tmp_path: Path) -> Non
                 "p/run/traces/rank=0/a\\b.json"):
         with loc.fs.open_output_stream(f"{s3}/{key}") as o:
             o.write(b"PAR1 not data")
+    from tracealyze.analyzer.run import inplace
     from tracealyze.analyzer.run.remote import mirror
 
     dest = mirror(url)
-    got = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    got = [p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()]
+    cached = {g.split("/", 1)[1].rsplit("@", 1)[0] for g in got if g.startswith(".ranges/")}
+    parts = list(inplace._run_of(dest).files)  # (read in place)
+    assert cached == set(parts)  # (their footers, fetched ahead)
+    got = [g for g in got if not g.startswith(".ranges/")] + parts
     want = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
-    assert [g for g in got if g != remote_manifest()] == want
+    assert sorted(g for g in got if g != remote_manifest()) == want
+    assert _summary(url) == _summary(str(local))
     assert not (tmp_path / "cache" / "escape").exists()
 
 
@@ -181,7 +188,7 @@ def test_import_trace_into_a_url(s3: str, tmp_path: Path) -> None:
         "gpu_alexnet_cuda_sync.json.gz"
     local = make_run(tmp_path, steps=20, seed=3)
     url = f"s3://{s3}/with-run"
-    _upload(local, url)
+    upload_run(local, url)
     loc = storage.locate(url)
     before = {f.rel: f.mtime_ns for f in storage.list_run(loc)}
     for target in (url, f"s3://{s3}/new-run"):
@@ -205,7 +212,7 @@ def test_a_fleet_under_a_bucket_prefix(s3: str, tmp_path: Path) -> None:
     make_run(local, name="a", steps=50, seed=1)
     make_run(local / "team" / "x", name="b", steps=70, seed=2, status="crashed")
     for name in ("a", "team/x/b"):
-        _upload(local / name, f"s3://{s3}/fleet/{name}")
+        upload_run(local / name, f"s3://{s3}/fleet/{name}")
     loc = storage.locate(f"s3://{s3}/fleet")
     with loc.fs.open_output_stream(f"{loc.root}/notes/readme.txt") as o:
         o.write(b"not a run")
@@ -228,11 +235,11 @@ def test_a_fleet_under_a_bucket_prefix(s3: str, tmp_path: Path) -> None:
 def test_query_fetches_only_the_tables_its_sql_reads(s3: str, tmp_path: Path) -> None:
     local = make_run(tmp_path, name="r", steps=300, tensors=40, metrics={"acc": 0.5})
     url = f"s3://{s3}/runs/sel"
-    _upload(local, url)
+    upload_run(local, url)
     cache = tmp_path / "cache"
 
-    def mirrored(table: str) -> int:
-        return sum(1 for p in cache.rglob(f"{table}/rank=*/*.parquet"))
+    def mirrored(table: str) -> int:  # parts of which some bytes were read
+        return sum(1 for p in cache.rglob(f".ranges/{table}/rank=*/*.json"))
 
     res = CliRunner().invoke(main, ["query", url, "SELECT count(*) AS n FROM steps",
                                     "--format", "csv"])
