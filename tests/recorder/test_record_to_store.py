@@ -247,9 +247,11 @@ def test_a_store_down_for_long_bounds_the_spool_and_counts_what_it_drops(
     url = f"s3://{s3}/runs/full"
     spool = spool_for(url, str(tmp_path / "spool"))
     seen: list[int] = []
+    at_cut: list[int] = []
 
     def during() -> None:
         relay.cut()
+        at_cut.append(sum(st[0] for st in local_files(spool).values()))
 
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(8)])
@@ -268,9 +270,11 @@ def test_a_store_down_for_long_bounds_the_spool_and_counts_what_it_drops(
             if i % 50 == 0:
                 seen.append(sum(st[0] for st in local_files(spool).values()))
         relay.restore()
-    # the spool stopped growing at the bound (plus what was uploaded before the cut and the
-    # part that crossed it), while training went on
-    assert seen[-1] == seen[-2] and max(seen) < 60_000 + 30_000, seen
+    # the spool stopped growing at the bound, while training went on. What it may hold
+    # beyond what it held at the cut (uploaded parts stay in the spool until close; 12-47 KB
+    # depending on how many flushes the machine's load let through): max_spool_bytes of
+    # parts not uploaded, plus the flush that crossed it (at most max_buffered_bytes).
+    assert seen[-1] == seen[-2] and max(seen) - at_cut[0] <= 60_000 + 40_000, (at_cut, seen)
     out = _summary(url)
     assert 0 < out["run"]["steps"] < 400
     assert "dropped_data" in [f["id"] for f in out["findings"]]
