@@ -133,7 +133,7 @@ def _summary(target: str, env: dict[str, str], *cmd: str) -> float:
 
 def _fetched(cache: Path, table: str = "") -> int:
     """Bytes of parts (of ``table``) that the cache holds: what was read in place."""
-    return sum(b - a for index in cache.rglob(f".ranges/{table}*/*.json")
+    return sum(b - a for index in cache.rglob(f".ranges/{table or '*'}/rank=*/*.json")
                for a, b in json.loads(index.read_text()))
 
 
