@@ -84,8 +84,9 @@ def locate(url: str) -> Location:
     from pyarrow import fs as pafs
 
     try:
-        emulated = _gcs_emulator(SCHEMES[scheme], parts.netloc, parts.path)
-        filesystem, root = emulated or pafs.FileSystem.from_uri(url)
+        special = (_gcs_emulator(SCHEMES[scheme], parts.netloc, parts.path)
+                   or _azure(SCHEMES[scheme], parts.netloc, parts.path))
+        filesystem, root = special or pafs.FileSystem.from_uri(url)
     except (ValueError, TypeError) as e:  # pyarrow: ArrowInvalid is a ValueError
         raise ValueError(f"cannot use {url!r}: {e}") from None
     return Location(url=url.rstrip("/"), fs=filesystem, root=root.rstrip("/"))
@@ -103,6 +104,38 @@ def _gcs_emulator(kind: str, bucket: str, path: str) -> tuple[Any, str] | None:
     scheme, _, rest = host.rpartition("://")
     return (pafs.GcsFileSystem(endpoint_override=rest.rstrip("/"), scheme=scheme or "http",
                                anonymous=True), f"{bucket}{path}")
+
+
+def _azure(kind: str, netloc: str, path: str) -> tuple[Any, str] | None:
+    """An ``az://`` or ``abfs[s]://`` URL: ``container@account.dfs.core.windows.net`` names
+    the account; a bare ``container`` takes it from the environment, as Azure's own tools
+    and fsspec's adlfs do: ``AZURE_STORAGE_CONNECTION_STRING`` (its AccountName, AccountKey
+    and BlobEndpoint: an emulator such as Azurite), else ``AZURE_STORAGE_ACCOUNT_NAME`` and
+    ``AZURE_STORAGE_ACCOUNT_KEY``. Without a key, pyarrow's default Azure credential chain
+    (environment, managed identity, Azure CLI). None for any other URL."""
+    if kind != "abfs":
+        return None
+    from pyarrow import fs as pafs
+
+    if "@" in netloc:  # (pyarrow reads the account from the host; it knows abfs:// only)
+        return pafs.FileSystem.from_uri(f"abfs://{netloc}{path}")
+    conn = dict(kv.split("=", 1) for kv in os.environ.get(
+        "AZURE_STORAGE_CONNECTION_STRING", "").split(";") if "=" in kv)
+    account = conn.get("AccountName") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+    if not account:
+        raise ValueError("no Azure storage account: set AZURE_STORAGE_ACCOUNT_NAME (or "
+                         "AZURE_STORAGE_CONNECTION_STRING), or name it in the URL "
+                         "(abfs://container@account.dfs.core.windows.net/path)")
+    kw: dict[str, str] = {"account_name": account}
+    key = conn.get("AccountKey") or os.environ.get("AZURE_STORAGE_ACCOUNT_KEY")
+    if key:
+        kw["account_key"] = key
+    endpoint = urlsplit(conn.get("BlobEndpoint", ""))
+    if endpoint.netloc:
+        kw |= {"blob_storage_authority": endpoint.netloc, "dfs_storage_authority":
+               endpoint.netloc, "blob_storage_scheme": endpoint.scheme or "https",
+               "dfs_storage_scheme": endpoint.scheme or "https"}
+    return pafs.AzureFileSystem(**kw), f"{netloc}{path}"
 
 
 def run_file(rel: str) -> str | None:

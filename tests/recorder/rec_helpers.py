@@ -187,3 +187,39 @@ def record_small_run(run_dir: str | Path, steps: int, **knobs: Any) -> list[floa
             time.sleep(0.005)
             durations.append(time.perf_counter() - t)
     return durations
+
+
+def cli_ok(*args: str) -> str:
+    """The output of ``tracealyze ARGS`` run in process; it must succeed."""
+    from click.testing import CliRunner
+    from tracealyze.analyzer.cli import main
+
+    res = CliRunner().invoke(main, list(args))
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def check_store_run(url: str, tmp_path: Path) -> None:
+    """Record a small run to the store ``url`` and the same run locally: the store's reads
+    as the local one (steps, status, findings, losses bit for bit), the spool is emptied,
+    one compacted ``steps`` part is left in the store, and ``report`` writes into it."""
+    from tracealyze.format import storage
+
+    spool = tmp_path / "spool"
+    record_small_run(url, 40, spool_dir=str(spool))
+    record_small_run(tmp_path / "local", 40)
+    remote = json.loads(cli_ok("summary", url, "--json"))
+    local = json.loads(cli_ok("summary", str(tmp_path / "local"), "--json"))
+    assert remote["run"]["steps"] == local["run"]["steps"] == 40
+    assert remote["run"]["status"] == "completed"
+    assert [f["id"] for f in remote["findings"]] == [f["id"] for f in local["findings"]]
+    sql = "SELECT sum(loss), count(*) FROM steps"
+    assert cli_ok("query", url, sql, "--format", "csv") == \
+        cli_ok("query", str(tmp_path / "local"), sql, "--format", "csv")  # bit for bit
+    assert not any(spool.iterdir())  # uploaded, then the spool is gone
+    loc = storage.locate(url)
+    parts = [f.rel for f in storage.list_run(loc) if f.rel.startswith("steps/")]
+    assert len(parts) == 1  # compacted on close, covered parts deleted from the store
+    name = url.rstrip("/").rsplit("/", 1)[1]
+    assert cli_ok("report", url).strip() == f"{url}/report.html"
+    assert f"<h1>{name}" in storage.read_bytes(loc, "report.html").decode()

@@ -5,7 +5,6 @@ answer), reached through ``STORAGE_EMULATOR_HOST`` as Google's client libraries 
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -14,10 +13,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from rec_helpers import record_small_run as _train
+from rec_helpers import check_store_run
 from torch import nn
 from tracealyze.analyzer.cli import main
-from tracealyze.format import storage
 from tracealyze.recorder import Recorder
 
 BUCKET = "ml-runs"
@@ -54,32 +52,9 @@ def gcs(gcs_host: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     return f"gs://{BUCKET}/{tmp_path.name}"
 
 
-def _cli(*args: str) -> str:
-    res = CliRunner().invoke(main, list(args))
-    assert res.exit_code == 0, res.output
-    return res.output
-
-
 def test_a_run_recorded_to_gcs_reads_as_the_same_run_recorded_locally(
         gcs: str, tmp_path: Path) -> None:
-    url = f"{gcs}/exp1"
-    spool = tmp_path / "spool"
-    _train(url, 40, spool_dir=str(spool))
-    _train(tmp_path / "local", 40)
-    remote = json.loads(_cli("summary", url, "--json"))
-    local = json.loads(_cli("summary", str(tmp_path / "local"), "--json"))
-    assert remote["run"]["steps"] == local["run"]["steps"] == 40
-    assert remote["run"]["status"] == "completed"
-    sql = "SELECT sum(loss), count(*) FROM steps"
-    assert _cli("query", url, sql, "--format", "csv") == \
-        _cli("query", str(tmp_path / "local"), sql, "--format", "csv")  # bit for bit
-    assert not any(spool.iterdir())  # uploaded, then the spool is gone
-    loc = storage.locate(url)
-    parts = [f.rel for f in storage.list_run(loc) if f.rel.startswith("steps/")]
-    assert len(parts) == 1  # compacted on close, covered parts deleted from the bucket
-
-    assert _cli("report", url).strip() == f"{url}/report.html"
-    assert "<h1>exp1" in storage.read_bytes(loc, "report.html").decode()
+    check_store_run(f"{gcs}/exp1", tmp_path)
 
 
 def test_a_gcs_bucket_that_does_not_exist_is_refused(gcs: str) -> None:
