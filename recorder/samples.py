@@ -31,6 +31,9 @@ class SamplerTap:
         self.drawn: deque[Any] = deque(maxlen=MAX_QUEUED)
 
     def __iter__(self) -> Iterator[Any]:
+        # A new pass (a new loader iterator, or a persistent-workers one reset): whatever an
+        # earlier pass drew and never delivered belongs to an abandoned iterator.
+        self.drawn.clear()
         for idx in self.inner:
             self.drawn.append(idx)
             yield idx
@@ -70,6 +73,41 @@ def install(loader: Any) -> SamplerTap | None:
     except (AttributeError, TypeError):
         return None
     return tap
+
+
+def tap_running(it: Any, tap: SamplerTap, in_flight: int) -> bool:
+    """Tap a DataLoader iterator already made (Lightning makes its first one before any
+    callback runs): its further draws go through ``tap``, after ``in_flight`` empty
+    entries for the batches it drew before (those go unnamed). Private attributes of
+    torch's iterators; False, touching nothing, when they are not as expected."""
+    inner = getattr(it, "_sampler_iter", None)
+    if inner is None or not hasattr(it, "_index_sampler") or in_flight < 0:
+        return False
+
+    def draws() -> Iterator[Any]:
+        for idx in inner:
+            tap.drawn.append(idx)
+            yield idx
+
+    tap.drawn.clear()
+    tap.drawn.extend([None] * in_flight)
+    it._sampler_iter = draws()
+    it._index_sampler = tap  # (a persistent-workers iterator's next pass draws from it)
+    return True
+
+
+def in_flight(it: Any) -> int | None:
+    """Batches a torch DataLoader iterator has drawn the indices of but not yielded yet:
+    none for the single-process one (it draws as it yields); the multi-process one sends
+    indices ahead to its workers. None for any other iterator."""
+    name = type(it).__name__
+    if name == "_SingleProcessDataLoaderIter":
+        return 0
+    if name == "_MultiProcessingDataLoaderIter" and getattr(it, "_in_order", True):
+        sent, received = getattr(it, "_send_idx", None), getattr(it, "_rcvd_idx", None)
+        if type(sent) is int and type(received) is int and sent >= received:
+            return sent - received
+    return None
 
 
 def ids_of(drawn: Any) -> list[int] | None:

@@ -30,7 +30,8 @@ class Session:
         if run_dir is not None and (not isinstance(run_dir, (str, os.PathLike))
                                     or str(run_dir) == ""):
             raise ValueError(f"run_dir must be a path or None, got {run_dir!r}")
-        RecorderConfig.from_preset(preset, **knobs)  # ValueError for a bad preset or knob
+        config = RecorderConfig.from_preset(preset, **knobs)  # ValueError: bad preset/knob
+        self.sample_ids = config.enabled and config.record_sample_ids
         self.run_dir = run_dir
         self.preset = preset
         self.knobs = knobs
@@ -49,10 +50,12 @@ class Session:
         return self.rec is not None and not self.rec._closed
 
     def start(self, default_dir: Path, *, model: Any, optimizer: Any = None, scaler: Any = None,
-              loader: Any = None, fetcher: Any = None, resuming: bool = False,
-              capture_loss: bool = True) -> Recorder:
+              loader: Any = None, fetcher: Any = None, drawn: Any = None,
+              resuming: bool = False, capture_loss: bool = True) -> Recorder:
         """Open the run: ``run_dir`` if given, else ``default_dir`` (or the first free
-        ``default_dir-N`` when a finished run is there and training is not resuming)."""
+        ``default_dir-N`` when a finished run is there and training is not resuming).
+        ``fetcher``: an iterator-like object the framework calls ``next()`` on (timed
+        instead of ``loader``), ``drawn`` the sampler tap of its loader (its sample ids)."""
         if self.rec is not None:
             self.close()
         if model is None:
@@ -71,7 +74,7 @@ class Session:
         if capture_loss:  # (else the caller feeds self.loss)
             _backward.install(id(self), self.loss.add)
             self._undo.append(lambda: _backward.uninstall(id(self)))
-        undo = time_next(fetcher, rec.data_wait_ended) if fetcher is not None else \
+        undo = time_next(fetcher, rec.data_wait_ended, drawn) if fetcher is not None else \
             time_batches(loader, rec.data_wait_ended, rec.config.record_sample_ids)
         if undo is not None:
             self._undo.append(undo)

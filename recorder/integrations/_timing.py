@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..loader import timed_loader
+from ..samples import SamplerTap, ids_of
 
 
 def time_batches(loader: Any, on_wait: Callable[..., None],
@@ -32,9 +33,11 @@ def time_batches(loader: Any, on_wait: Callable[..., None],
     return _swap(loader, cls, {"__iter__": __iter__})
 
 
-def time_next(fetcher: Any, on_wait: Callable[..., None]) -> Callable[[], None] | None:
+def time_next(fetcher: Any, on_wait: Callable[..., None],
+              drawn: SamplerTap | None = None) -> Callable[[], None] | None:
     """The same for an iterator-like object the framework calls ``next()`` on (Lightning's
-    data fetcher, whose loader iterator exists before any callback runs)."""
+    data fetcher, whose loader iterator exists before any callback runs); ``drawn``: the
+    tap of its loader's sampler (samples.py), each batch taking the oldest indices."""
     cls = type(fetcher)
     if fetcher is None or getattr(cls, "_tracealyze_timed", False) or \
             not hasattr(cls, "__next__"):
@@ -45,7 +48,11 @@ def time_next(fetcher: Any, on_wait: Callable[..., None]) -> Callable[[], None] 
         t0 = time.perf_counter()
         batch = base_next(self)  # StopIteration passes through
         try:
-            on_wait(time.perf_counter() - t0, batch)
+            if drawn is None:
+                on_wait(time.perf_counter() - t0, batch)
+            else:
+                on_wait(time.perf_counter() - t0, batch,
+                        ids_of(drawn.drawn.popleft()) if drawn.drawn else None)
         except Exception:
             pass
         return batch

@@ -80,6 +80,7 @@ class TracealyzeCallback(*_bases()):  # type: ignore[misc]
             # fetcher (private; its next() is the wait) is timed, else the loader from its
             # next epoch on.
             fetcher=getattr(trainer.fit_loop, "_data_fetcher", None),
+            drawn=_sample_tap(trainer) if self.session.sample_ids else None,
             loader=loader if _is_loader(loader) else None,
             resuming=trainer.global_step > 0)
         self._stepped = False
@@ -109,6 +110,36 @@ class TracealyzeCallback(*_bases()):  # type: ignore[misc]
         if rec is not None and not rec._closed:
             rec._record_exception(exception)
             self.session.close("crashed")
+
+
+def _sample_tap(trainer: Any) -> Any:
+    """The tap of the training DataLoader's sampler (record_sample_ids): its sample ids per
+    batch the data fetcher delivers. The fit loop's first iterator exists already, with the
+    fetcher's prefetched batch (and a worker iterator's, sent ahead) drawn: those batches
+    go unnamed, the rest of the epoch is tapped in place, and every later epoch's iterator
+    draws through the tap. Lightning's private fetcher and combined loader are read only
+    as far as they are what is expected (one DataLoader under the prefetching fetcher);
+    otherwise None: no ids, never ids paired with the wrong batch."""
+    from ..samples import in_flight, install, tap_running
+
+    try:
+        fetcher = trainer.fit_loop._data_fetcher
+        prefetched = getattr(fetcher, "batches", None)
+        if type(fetcher).__name__ != "_PrefetchDataFetcher" or type(prefetched) is not list:
+            return None
+        combined = fetcher.combined_loader
+        iterators = getattr(getattr(combined, "_iterator", None), "iterators", None)
+        if len(combined.flattened) != 1 or type(iterators) is not list or len(iterators) != 1:
+            return None
+        tap = install(combined.flattened[0])
+        if tap is None:
+            return None
+        ahead = in_flight(iterators[0])
+        if ahead is None or not tap_running(iterators[0], tap, ahead + len(prefetched)):
+            tap.drawn.clear()  # (this epoch unnamed; the next iterator draws through the tap)
+        return tap
+    except Exception:  # Lightning's internals moved: no sample ids
+        return None
 
 
 def _is_loader(loader: Any) -> bool:

@@ -175,3 +175,63 @@ def test_pytorch_lightning_trainer_accepts_the_same_callback(tmp_path: Path) -> 
         Tiny(), torch.utils.data.DataLoader(data, batch_size=4))
     steps = steps_by_number(tmp_path / "tracealyze")
     assert sorted(steps) == list(range(5)) and all(s["grad_norm"] > 0 for s in steps.values())
+
+
+class Indexed(torch.utils.data.Dataset):
+    """``(x, y, i)``: a batch names its own samples (the ground truth of the sample ids,
+    whichever process loaded it)."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 4, generator=g), torch.randn(n, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.x[i], self.y[i], i
+
+
+class IdsModule(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+        self.seen: list[list[int]] = []  # each micro-batch's samples, in training order
+
+    def training_step(self, batch: Any, _i: int) -> torch.Tensor:
+        x, y, idx = batch
+        self.seen.append(idx.tolist())
+        return ((self.net(x) - y) ** 2).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("workers, persistent, accumulate", [
+    (0, False, 1), (0, False, 2), (2, False, 1), (2, True, 2)])
+def test_lightning_records_the_samples_of_each_step(tmp_path: Path, workers: int,
+                                                     persistent: bool, accumulate: int) -> None:
+    """The fit loop makes its first loader iterator (and a worker iterator its first
+    batches) before any callback runs: those batches go unnamed, never misnamed; the rest
+    of the first epoch and every later epoch (shuffled anew) carry the samples trained on."""
+    module = IdsModule()
+    loader = torch.utils.data.DataLoader(Indexed(40), batch_size=4, shuffle=True,
+                                         num_workers=workers, persistent_workers=persistent)
+    _trainer(tmp_path, TracealyzeCallback(**FAST), max_steps=25 // accumulate,
+             accumulate_grad_batches=accumulate, gradient_clip_val=None,
+             limit_val_batches=0).fit(module, loader)
+    steps = steps_by_number(tmp_path / "tracealyze")
+    assert len(steps) == 25 // accumulate
+    trained = [[i for micro in module.seen[accumulate * s: accumulate * (s + 1)] for i in micro]
+               for s in range(len(steps))]
+    recorded = [steps[s]["sample_ids"] for s in range(len(steps))]
+    named = [s for s, ids in enumerate(recorded) if ids is not None]
+    assert all(recorded[s] == trained[s] or (  # a step whose first micro-batch was drawn
+        accumulate > 1 and s == named[0] and recorded[s] == trained[s][4:])  # before
+        for s in named)
+    # unnamed: only the batches drawn before training started (the fetcher's one, and two
+    # per worker sent ahead), all at the start
+    unnamed = len(steps) - len(named)
+    assert unnamed * accumulate <= 1 + 2 * workers and named == list(range(unnamed, len(steps)))
+    second_epoch = trained[10 // accumulate:20 // accumulate]
+    assert sorted(i for step in second_epoch for i in step) == list(range(40))
