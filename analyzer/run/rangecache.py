@@ -58,11 +58,9 @@ class RangeCache:
         with self.lock:
             if any(a <= offset and end <= b for a, b in self.have):
                 try:
-                    fd = os.open(self.data, os.O_RDONLY)
-                    try:
-                        got = os.pread(fd, end - offset, offset)
-                    finally:
-                        os.close(fd)
+                    with open(self.data, "rb") as fh:
+                        fh.seek(offset)
+                        got = fh.read(end - offset)
                     if len(got) == end - offset:
                         return got
                 except OSError:  # (the cache was deleted meanwhile: fetch again)
@@ -102,14 +100,15 @@ class RangeCache:
             return False
         try:
             self.data.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.data, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                if os.fstat(fd).st_size != self.f.size:
-                    os.ftruncate(fd, self.f.size)  # sparse: unfetched ranges take no disk
-                os.pwrite(fd, data, a)
+            # never truncated on open: another command may be filling the same file
+            fd = os.open(self.data, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
+            with os.fdopen(fd, "r+b") as fh:
+                if os.fstat(fd).st_size < self.f.size:
+                    fh.truncate(self.f.size)  # sparse: unfetched ranges take no disk
+                fh.seek(a)
+                fh.write(data)
+                fh.flush()
                 os.fsync(fd)  # the bytes are on disk before the list says they are
-            finally:
-                os.close(fd)
             self.have = _merge([*self.have, (a, a + len(data))])
             tmp = self.index.with_name(f".{self.index.name}.{os.getpid()}."
                                        f"{threading.get_ident()}.tmp")

@@ -94,7 +94,7 @@ def test_a_damaged_or_unwritable_cache_still_gives_the_right_answer(
     for p in cache.rglob(".ranges/*"):
         if p.is_file():
             p.unlink()
-    monkeypatch.setattr(os, "pwrite", full)
+    monkeypatch.setattr(os, "fsync", full)
     assert _query(url, sql) == want  # served from memory
 
 
