@@ -28,7 +28,7 @@ KERNEL_ROWS = 40
 
 def label_of(run: Run) -> str:
     """What the page calls a run: its name in run.json, else its folder's name."""
-    return str(run.meta.get("name") or run.run_dir.name)
+    return str(run.meta.get("name") or run.folder_name)
 
 
 def fmt_metric(name: str, v: Any) -> str:
@@ -102,7 +102,7 @@ def collect_compare(base: Run, new: Run, threshold: float) -> dict[str, Any]:
         "kernels": kernel_rows(result), "kernel_info": result.get("kernels"),
         "sides": [{"label": lab, "run_id": r.run_id, "status": r.status,
                    "steps": (f"{s['steps']:,} steps" if s["steps"] else "profiler traces only"),
-                   "path": str(r.run_dir)}
+                   "path": r.where}
                   for lab, r, s in zip(labels, (base, new), (result["base"], result["new"]),
                                        strict=True)],
     }

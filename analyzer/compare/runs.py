@@ -59,8 +59,8 @@ def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
     verdict, worse, better = judge(metrics, fdiff, threshold)
     return clean_json({
         "schema_version": COMPARE_SCHEMA_VERSION,
-        "base": {"run_id": base.run_id, "steps": step_count(base), "path": str(base.run_dir)},
-        "new": {"run_id": new.run_id, "steps": step_count(new), "path": str(new.run_dir)},
+        "base": {"run_id": base.run_id, "steps": step_count(base), "path": base.where},
+        "new": {"run_id": new.run_id, "steps": step_count(new), "path": new.where},
         "comparable": same_model,
         "warnings": warnings,
         "verdict": verdict,

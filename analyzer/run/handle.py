@@ -62,6 +62,17 @@ class Run(Views):
         return str(self.meta.get("run_id", ""))
 
     @property
+    def where(self) -> str:
+        """Where the run was read from: its URL, else its directory."""
+        return self.url or str(self.run_dir)
+
+    @property
+    def folder_name(self) -> str:
+        """The run's folder name (a run read from a store: the last part of its URL, not
+        its cache folder's)."""
+        return self.url.rstrip("/").rsplit("/", 1)[-1] if self.url else self.run_dir.name
+
+    @property
     def liveness(self) -> Liveness:
         """The format's rule (``tracealyze.format.runmeta``): running, finished or killed."""
         return Liveness(self.meta, self.rank_meta, self._now)

@@ -40,10 +40,10 @@ class RunSet(Views):
 def _ids(runs: list[Run]) -> list[str]:
     """Each run's run_id; where two runs share one (a copied run directory), the folder name
     is added so that rows stay apart."""
-    ids = [r.run_id or r.run_dir.name for r in runs]
+    ids = [r.run_id or r.folder_name for r in runs]
     out = []
     for r, i in zip(runs, ids, strict=True):
-        out.append(i if ids.count(i) == 1 else f"{i}@{r.run_dir.name}")
+        out.append(i if ids.count(i) == 1 else f"{i}@{r.folder_name}")
     for n, i in enumerate(out):  # still equal (same folder names in different places)
         if out.count(i) > 1:
             out[n] = f"{i}#{n}"
@@ -108,6 +108,8 @@ def _build(paths: Sequence[str | Path], labels: list[str], seen: dict[Path, str]
     try:
         for i, p in enumerate(paths):
             run, valid = scan_run(p)
+            if is_url(labels[i]):  # (read from its mirror)
+                run.url = labels[i]
             build_views(con, run, valid, schema=f"run{i}")
             runs.append(run)
         ids = _ids(runs)

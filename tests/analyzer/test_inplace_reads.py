@@ -194,3 +194,23 @@ def test_a_run_of_many_small_parts_reads_from_the_bucket(s3: str, tmp_path: Path
     upload_run(local, url)
     sql = "SELECT count(*), sum(loss) FROM steps"
     assert _query(url, sql) == _query(str(local), sql)
+
+
+def test_compare_and_tables_of_runs_in_a_bucket_name_them_by_url(s3: str,
+                                                                 tmp_path: Path) -> None:
+    base = make_run(tmp_path, name="base", steps=80, seed=1)
+    new = make_run(tmp_path, name="new", steps=80, seed=1, step_time=0.2)
+    urls = [f"s3://{s3}/cmp/base", f"s3://{s3}/cmp/new"]
+    upload_run(base, urls[0])
+    upload_run(new, urls[1])
+    res = CliRunner().invoke(main, ["compare", *urls, "--json"])
+    local = CliRunner().invoke(main, ["compare", str(base), str(new), "--json"])
+    got, want = json.loads(res.output), json.loads(local.output)
+    assert res.exit_code == local.exit_code, res.output
+    assert [got["base"]["path"], got["new"]["path"]] == urls  # not the cache folders
+    for side in ("base", "new"):
+        got[side].pop("path"), want[side].pop("path")
+    assert got == want
+    res = CliRunner().invoke(main, ["tables", urls[0]])
+    assert res.exit_code == 0 and res.output == CliRunner().invoke(
+        main, ["tables", str(base)]).output
