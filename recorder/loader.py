@@ -29,9 +29,9 @@ def timed_loader(loader: Iterable[Any], on_wait: Callable[..., None], sample_ids
     """``timed`` over ``make_iter(loader)``, its sampler tapped first (samples.py)."""
     from .samples import install
 
+    # tapped before the iterator is made (a worker iterator draws as it starts); a pass
+    # starts the tap empty: what an abandoned pass drew is dropped (samples.py)
     drawn = install(loader) if sample_ids else None
-    if drawn is not None:
-        drawn.drawn.clear()  # (what an earlier, abandoned pass drew and never delivered)
     return timed(make_iter(loader), on_wait, drawn)
 
 
@@ -40,8 +40,6 @@ def timed(it: Iterator[Any], on_wait: Callable[..., None], drawn: Any = None
     """``it``'s items, reporting how long each ``next()`` waited, and the batch itself
     (``on_wait(seconds, batch)``: its shapes), and with a sampler tap ``drawn`` the indices
     drawn for it (``on_wait(seconds, batch, ids)``; samples.py)."""
-    from .samples import ids_of
-
     clock = time.perf_counter
     while True:
         t0 = clock()
@@ -52,8 +50,7 @@ def timed(it: Iterator[Any], on_wait: Callable[..., None], drawn: Any = None
         if drawn is None:
             on_wait(clock() - t0, batch)
         else:
-            on_wait(clock() - t0, batch, ids_of(drawn.drawn.popleft()) if drawn.drawn
-                    else None)
+            on_wait(clock() - t0, batch, drawn.take())
         yield batch
 
 

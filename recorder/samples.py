@@ -41,6 +41,10 @@ class SamplerTap:
     def __len__(self) -> int:
         return len(self.inner)
 
+    def take(self) -> list[int] | None:
+        """The sample ids of the oldest batch drawn and not yet delivered (None: unnamed)."""
+        return ids_of(self.drawn.popleft()) if self.drawn else None
+
     def __getattr__(self, name: str) -> Any:  # (sampler attributes: set_epoch, batch_size)
         return getattr(self.inner, name)
 

@@ -8,8 +8,11 @@ their own: they put the repo root on their path themselves."""
 # directories in object storage, and the environment a user of an S3-compatible store sets.
 
 import socket
+import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,29 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def server_process(argv: Callable[[int], list[str]], timeout_s: float = 10.0
+                   ) -> Iterator[int]:
+    """A storage emulator in a process of its own (``argv(port)``) on 127.0.0.1 at a free
+    port, yielded once the port accepts connections; killed after."""
+    port = _free_port()
+    proc = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    f"{argv(port)[0]} did not start"
+                time.sleep(0.05)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 class S3Server:

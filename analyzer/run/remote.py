@@ -83,12 +83,12 @@ def mirror(url: str, root: Path | None = None, tables: set[str] | None = None, *
     try:
         dest.mkdir(parents=True, exist_ok=True)
         old = _manifest(dest)
-        stale = [f for f in files if _wanted(f.rel, tables) and (whole or run_file(f.rel)
-                                                                 != "part") and (
+        copied = [f for f in files if whole or run_file(f.rel) != "part"]  # (not in place)
+        stale = [f for f in copied if _wanted(f.rel, tables) and (
             old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file())]
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
             list(pool.map(lambda f: fetch(loc, f, dest), stale))
-        _prune(dest, {f.rel for f in files if whole or run_file(f.rel) != "part"})
+        _prune(dest, {f.rel for f in copied})
         inplace.prune(dest, files)
         now = {f.rel: [f.size, f.mtime_ns] for f in files}
         fetched = {f.rel for f in stale}

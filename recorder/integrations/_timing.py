@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..loader import timed_loader
-from ..samples import SamplerTap, ids_of
+from ..samples import SamplerTap
 
 
 def time_batches(loader: Any, on_wait: Callable[..., None],
@@ -51,8 +51,7 @@ def time_next(fetcher: Any, on_wait: Callable[..., None],
             if drawn is None:
                 on_wait(time.perf_counter() - t0, batch)
             else:
-                on_wait(time.perf_counter() - t0, batch,
-                        ids_of(drawn.drawn.popleft()) if drawn.drawn else None)
+                on_wait(time.perf_counter() - t0, batch, drawn.take())
         except Exception:
             pass
         return batch

@@ -7,9 +7,6 @@ adlfs are. Azurite is a Node program: ``.ci/run`` installs it with npm; without 
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +16,8 @@ from rec_helpers import check_store_run, cli_ok
 from torch import nn
 from tracealyze.analyzer.cli import main
 from tracealyze.recorder import Recorder
+
+from tests.conftest import server_process
 
 CONTAINER = "ml-runs"
 ACCOUNT = "devstoreaccount1"
@@ -31,31 +30,16 @@ def azurite() -> Iterator[str]:
     exe = shutil.which("azurite-blob")
     if exe is None:
         pytest.skip("Azurite (azurite-blob) is not installed: npm install -g azurite")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([exe, "--inMemoryPersistence", "--blobHost", "127.0.0.1",
-                             "--blobPort", str(port), "--skipApiVersionCheck", "--loose",
-                             "--disableTelemetry"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        conn = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
-                f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
+    argv = [exe, "--inMemoryPersistence", "--blobHost", "127.0.0.1", "--skipApiVersionCheck",
+            "--loose", "--disableTelemetry", "--blobPort"]
+    with server_process(lambda port: [*argv, str(port)]) as port:
         from pyarrow import fs
 
         fs.AzureFileSystem(account_name=ACCOUNT, account_key=KEY,
                            blob_storage_authority=f"127.0.0.1:{port}",
                            blob_storage_scheme="http").create_dir(CONTAINER)
-        yield conn
-    finally:
-        proc.kill()
-        proc.wait()
+        yield (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+               f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
 
 
 @pytest.fixture()

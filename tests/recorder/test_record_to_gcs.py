@@ -5,8 +5,6 @@ answer), reached through ``STORAGE_EMULATOR_HOST`` as Google's client libraries 
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +16,13 @@ from torch import nn
 from tracealyze.analyzer.cli import main
 from tracealyze.recorder import Recorder
 
+from tests.conftest import server_process
+
 BUCKET = "ml-runs"
 SERVER = """
 import sys, time
 from gcp_storage_emulator.server import create_server
 create_server("127.0.0.1", int(sys.argv[1]), in_memory=True, default_bucket=sys.argv[2]).start()
-print("ready", flush=True)
 while True:
     time.sleep(3600)
 """
@@ -32,17 +31,8 @@ while True:
 @pytest.fixture(scope="module")
 def gcs_host() -> Iterator[str]:
     pytest.importorskip("gcp_storage_emulator")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), BUCKET],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    with server_process(lambda port: [sys.executable, "-c", SERVER, str(port), BUCKET]) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture()
