@@ -31,21 +31,20 @@ def numeric(values: np.ndarray, typ: pa.DataType, missing: np.ndarray | None = N
 
 def ints(values: Sequence[int | None]) -> pa.Array:
     """int64 with None as null (values beyond int64 become null)."""
-    a = np.array(values, dtype=object)
-    if a.ndim != 1:  # (a list of equal-length lists would make a 2-D array)
-        a = np.empty(len(values), dtype=object)
-        a[:] = list(values)
-    missing = np.equal(a, None)
-    if missing.any():
-        a[missing] = 0
     try:
-        data = a.astype(np.int64)
-    except OverflowError:  # some value beyond int64: those become null
-        big = np.fromiter((not -2**63 <= v < 2**63 for v in a), bool, len(a))
-        a[big] = 0
-        missing |= big
-        data = a.astype(np.int64)
-    return numeric(data, pa.int64(), missing)
+        if None not in values:
+            return numeric(np.array(values, dtype=np.int64), pa.int64())
+        missing = np.array([v is None for v in values], dtype=bool)
+        return numeric(np.array([0 if v is None else v for v in values], dtype=np.int64),
+                       pa.int64(), missing)
+    except (OverflowError, TypeError, ValueError):
+        pass  # some value beyond int64 (or an odd nested shape): one at a time below
+    a = np.empty(len(values), dtype=object)
+    a[:] = list(values)
+    missing = np.equal(a, None)
+    big = np.fromiter((v is not None and not -2**63 <= v < 2**63 for v in a), bool, len(a))
+    a[missing | big] = 0
+    return numeric(a.astype(np.int64), pa.int64(), missing | big)
 
 
 def floats(values: Sequence[float]) -> pa.Array:
@@ -54,9 +53,22 @@ def floats(values: Sequence[float]) -> pa.Array:
 
 def strings(values: Sequence[str | None]) -> pa.Array:
     """UTF-8 strings with None as null (a lone surrogate, not encodable, becomes "?")."""
+    if len(values) > 64:  # each distinct value encoded once (names and categories repeat)
+        enc: dict[str | None, bytes | None] = {}
+        for v in set(values):
+            enc[v] = None if v is None else v.encode("utf-8", "replace")
+        return utf8([enc[v] for v in values])
+    return utf8([None if v is None else v.encode("utf-8", "replace") for v in values])
+
+
+def utf8(values: Sequence[bytes | None]) -> pa.Array:
+    """Strings from their UTF-8 bytes, None as null (the bytes are not checked here)."""
     n = len(values)
-    enc = [b"" if v is None else v.encode("utf-8", "replace") for v in values]
-    missing = np.fromiter((v is None for v in values), bool, n)
+    if None in values:
+        missing = np.array([v is None for v in values], dtype=bool)
+        enc = [b"" if v is None else v for v in values]
+    else:
+        missing, enc = np.zeros(n, dtype=bool), values
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, enc), np.int64, n), out=offsets[1:])
     typ = pa.string() if offsets[-1] < 2**31 else pa.large_string()

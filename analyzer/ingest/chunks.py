@@ -11,7 +11,7 @@ hash)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -60,10 +60,12 @@ def _last_cut(buf: bytes) -> list[int]:
         window *= 4
 
 
-def chunked_events(reader: Any, first: bytes) -> Iterator[list[Any]]:
-    """Lists of the trace's events, in file order. Raises Fallback where it cannot go on
-    safely (some lists may have been yielded: the caller starts again with ijson, which also
-    gives the authoritative error for a truncated or broken trace)."""
+def chunked_events(reader: Any, first: bytes,
+                   parse: Callable[[bytes], list[Any]] = orjson.loads) -> Iterator[list[Any]]:
+    """Lists of the trace's events, in file order, each ``parse`` of a JSON array of them
+    (``parse`` raises ValueError for text that is not JSON). Raises Fallback where it
+    cannot go on safely (some lists may have been yielded: the caller starts again with
+    ijson, which also gives the authoritative error for a truncated or broken trace)."""
     buf, bare = _start(reader, first)
     while True:
         data = reader.read(CHUNK)
@@ -72,8 +74,9 @@ def chunked_events(reader: Any, first: bytes) -> Iterator[list[Any]]:
         buf += data
         for cut in _last_cut(buf):
             try:
-                events = orjson.loads(b"[" + buf[:cut] + b"]")
-            except orjson.JSONDecodeError:
+                # (one copy: the slice is a view)
+                events = parse(b"".join((b"[", memoryview(buf)[:cut], b"]")))
+            except ValueError:
                 continue
             yield events
             buf = buf[buf.index(b",", cut) + 1:]
@@ -81,10 +84,10 @@ def chunked_events(reader: Any, first: bytes) -> Iterator[list[Any]]:
         else:
             if len(buf) > 8 * CHUNK:  # one element of 32 MB, or no safe cut at all
                 raise Fallback("no safe cut")
-    yield _finish(buf, bare)
+    yield _finish(buf, bare, parse)
 
 
-def _finish(buf: bytes, bare: bool) -> list[Any]:
+def _finish(buf: bytes, bare: bool, parse: Callable[[bytes], list[Any]]) -> list[Any]:
     """The last elements: up to the ``]`` that closes the array (the first ``}]`` at which
     the prefix parses), then the rest of the document must close too."""
     stripped = buf.lstrip()
@@ -94,8 +97,8 @@ def _finish(buf: bytes, bare: bool) -> list[Any]:
     else:
         for m in _END.finditer(buf):
             try:
-                events = orjson.loads(b"[" + buf[:m.start() + 1] + b"]")
-            except orjson.JSONDecodeError:
+                events = parse(b"[" + buf[:m.start() + 1] + b"]")
+            except ValueError:
                 continue
             rest = buf[m.end():]
             break

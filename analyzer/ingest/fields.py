@@ -16,7 +16,10 @@ try:  # orjson serialises the kept args ~4x faster than the standard library
     import orjson
 
     def dumps(obj: Any) -> str:
-        return orjson.dumps(obj, default=str).decode()
+        try:
+            return orjson.dumps(obj, default=str).decode()
+        except TypeError:  # an integer beyond 64 bits: the standard library writes it
+            return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=str)
 except ImportError:  # pragma: no cover - orjson is a dependency; keep working without it
 
     def dumps(obj: Any) -> str:
@@ -55,9 +58,6 @@ LAUNCH_CATS: tuple[str, ...] = vocabulary.LAUNCH
 CAT_ALIASES: dict[str, str] = vocabulary.ALIASES
 """Other spellings of the same categories, stored under the current names."""
 
-# Keys promoted to columns (or pure bookkeeping) are not repeated in the args JSON.
-PROMOTED_ARGS = frozenset(("stream", "correlation", "External id", "device", "Ev Idx"))
-PROMOTED_HOST_ARGS = PROMOTED_ARGS - {"stream"}
 ARGS_MAX_BYTES = 2048
 """args JSON longer than this keeps only its scalar values (or is dropped if still longer)."""
 
@@ -84,8 +84,11 @@ def to_int(v: Any) -> int | None:
     return None
 
 
-def args_json(args: dict[str, Any], promoted: frozenset[str]) -> str | None:
-    kept = {k: v for k, v in args.items() if k not in promoted}
+def args_json(args: dict[str, Any]) -> str | None:
+    """The ``args`` column's text for an event's args object: all of it (the promoted
+    values are columns too, and stay here as the trace wrote them), compact; None when
+    empty. Longer than ARGS_MAX_BYTES: its scalar values only."""
+    kept = args
     if not kept:
         return None
     try:

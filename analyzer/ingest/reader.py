@@ -4,8 +4,6 @@ larger than allowed, or (on the ijson pass) nested deeper than any profiler writ
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import io
 import zlib
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceError
+from .inflate import Inflater
 
 READ_SIZE = 1 << 20
 EDGE = 1 << 20
@@ -56,9 +55,10 @@ class GuardedReader(io.RawIOBase):
             raise TraceError(f"cannot read trace {path}: {e.strerror or e}") from e
         self.gzip = self._file.read(2) == b"\x1f\x8b"
         self._file.seek(0)
-        self._src: Any = gzip.GzipFile(fileobj=self._file) if self.gzip else self._file
+        self._src = Inflater(self._file, self.gzip, path)
+        self._buf = memoryview(b"")
+        self._read_at = 0  # compressed bytes read when the current piece came out
         self.n = 0
-        self.sha = hashlib.sha1()
         self.head = bytearray()
         self.tail = b""
         self.pushed = b""
@@ -80,13 +80,23 @@ class GuardedReader(io.RawIOBase):
         if self.pushed:  # given back by the form check, already counted
             data, self.pushed = self.pushed, b""
             return data
-        try:
-            data = self._src.read(size if size and size > 0 else READ_SIZE)
-        except (EOFError, OSError, zlib.error) as e:
-            raise TraceError(f"trace {self.path} is a truncated or corrupt gzip file "
-                             f"({e})") from e
+        if not self._buf:
+            try:
+                piece, self._read_at = next(self._src, (b"", self._read_at))
+            except (EOFError, OSError, zlib.error) as e:
+                if not self.gzip:
+                    raise TraceError(f"cannot read trace {self.path}: {e}") from e
+                raise TraceError(f"trace {self.path} is a truncated or corrupt gzip file "
+                                 f"({e})") from e
+            self._buf = memoryview(piece)
+        want = size if size and size > 0 else READ_SIZE
+        if want >= len(self._buf) and self._buf.obj is not None:
+            data, self._buf = bytes(self._buf) if self._buf.nbytes != len(self._buf.obj) \
+                else self._buf.obj, memoryview(b"")
+        else:
+            data = bytes(self._buf[:want])
+            self._buf = self._buf[want:]
         self.n += len(data)
-        self.sha.update(data)
         if self.max_depth is not None:
             self._check_depth(data)
         if len(self.head) < EDGE:
@@ -101,7 +111,7 @@ class GuardedReader(io.RawIOBase):
             raise TraceError(f"trace {self.path} decompresses to more than {lim.max_bytes:,} "
                              "bytes (the limit set); raise it to import this trace")
         if self.gzip and lim.max_ratio is not None and self.n >= lim.check_after:
-            ratio = self.n / max(self._file.tell(), 1)
+            ratio = self.n / max(self._read_at, 1)
             if ratio > lim.max_ratio:
                 raise TraceError(
                     f"trace {self.path} expands {ratio:,.0f}x when decompressed (over "
@@ -113,7 +123,13 @@ class GuardedReader(io.RawIOBase):
         if peak > (self.max_depth or 0):
             raise too_deep(self.path, self.max_depth or 0)
 
+    @property
+    def sha(self) -> Any:
+        """SHA-1 of the decompressed bytes (complete once everything was read)."""
+        return self._src.sha
+
     def close(self) -> None:
+        self._src.close()
         self._file.close()
         super().close()
 

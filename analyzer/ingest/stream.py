@@ -31,32 +31,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import TraceError
+from . import columnar
 from .arrow_build import floats, ints, strings
 from .chunks import Fallback, chunked_events
 from .fields import (
     CAT_ALIASES,
     GPU_SIDE_CATS,
     NO_STREAM,
-    PROMOTED_ARGS,
-    PROMOTED_HOST_ARGS,
     args_json,
     to_int,
     trace_id,
 )
 from .ranks import rank_of_trace
 from .reader import MAX_DEPTH, READ_SIZE, GuardedReader, Limits, depth_scan, too_deep
-from .steps import assign_steps, finish_in_memory
+from .steps import assign_steps, write_in_memory
 
 BATCH = 16_384
 """Events per Arrow record batch of the first pass: ~25 MB of parsed Python dicts at most."""
 _EVENTS_LIST = re.compile(rb'"traceEvents"\s*:\s*\[')
-IN_MEMORY = 131_072
-"""A trace of at most this many events is kept as Arrow batches (~15 MB) and finished in
-numpy; a bigger one goes through a scratch Parquet file and DuckDB (bounded memory)."""
+IN_MEMORY = 192 << 20
+"""A trace whose first-pass rows take at most this many bytes of Arrow buffers is kept in
+memory and finished in numpy; a bigger one goes through a scratch Parquet file and DuckDB
+(bounded memory)."""
 def edge_meta(head: bytes, tail: bytes, path: Path | None = None) -> dict[str, Any]:
     """``distributedInfo`` and ``trace_id`` from the first and last MiB of the trace: the
     top-level keys before ``traceEvents`` are parsed from the head; keys written after it
@@ -110,7 +111,7 @@ FIRST_PASS = pa.schema([
 def _convert(events: list[dict[str, Any]], start: int) -> pa.RecordBatch:
     """Complete ('X') events as a first-pass record batch (``i``: position in the file)."""
     aliases, gpu_side = CAT_ALIASES, GPU_SIDE_CATS
-    promoted, promoted_host, no_stream = PROMOTED_ARGS, PROMOTED_HOST_ARGS, NO_STREAM
+    no_stream = NO_STREAM
     idx: list[int] = []
     cats: list[str | None] = []
     names: list[str] = []
@@ -141,12 +142,9 @@ def _convert(events: list[dict[str, Any]], start: int) -> pa.RecordBatch:
         a_json = None
         if type(args) is dict:
             corr, ext, dev = args.get("correlation"), args.get("External id"), args.get("device")
-            if cat in gpu_side:
-                stream = args.get("stream")
-                a_json = args_json(args, promoted)
-            else:
-                # a runtime call's 'stream' is an API argument, not the device stream
-                a_json = args_json(args, promoted_host)
+            # a runtime call's 'stream' is an API argument, not the device stream
+            stream = args.get("stream") if cat in gpu_side else None
+            a_json = args_json(args)
         idx.append(start + k)
         cats.append(cat)
         name = e.get("name")
@@ -229,13 +227,24 @@ def _lists(reader: GuardedReader, fast: bool) -> tuple[Iterator[list[Any]], bool
         raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
                          "Chrome/Kineto trace)")
     if fast:
-        return chunked_events(reader, first), lead == b"["
+        return chunked_events(reader, first, _parse), lead == b"["
     reader.max_depth = MAX_DEPTH
     reader._check_depth(first)  # already read, before the guard was set
     reader.pushed = first
     prefix = "item" if lead == b"[" else "traceEvents.item"
     items = ijson.items(reader, prefix, use_float=True, buf_size=READ_SIZE)
     return _batched(items), lead == b"["
+
+
+def _parse(data: bytes) -> list[Any]:
+    """A chunk as typed events (:mod:`.columnar`), or as plain JSON values where they are
+    not all objects. ValueError: not JSON."""
+    import msgspec
+
+    try:
+        return columnar.decode(data)
+    except msgspec.ValidationError:
+        return orjson.loads(data)
 
 
 def _batched(items: Iterator[Any]) -> Iterator[list[Any]]:
@@ -248,13 +257,37 @@ def _batched(items: Iterator[Any]) -> Iterator[list[Any]]:
     yield batch
 
 
+def _as_dict(e: columnar.Event) -> dict[str, Any]:
+    """A typed event as the reference path reads it."""
+    import msgspec
+
+    d = {"ph": e.ph, "cat": e.cat, "name": e.name, "ts": e.ts, "dur": e.dur, "pid": e.pid,
+         "tid": e.tid}
+    if e.args:
+        d["args"] = msgspec.json.decode(e.args)
+    return d
+
+
+def _to_batch(events: list[Any], pos: int) -> tuple[pa.RecordBatch, int]:
+    """One list of events as a first-pass batch, and how many positions it used: by
+    column (typed events), else one event at a time (:func:`_convert`, the reference)."""
+    if events and type(events[0]) is columnar.Event:  # (then all are: one typed decode)
+        got = columnar.convert(events, pos, FIRST_PASS)
+        if got is not None:
+            return got
+        events = [_as_dict(e) for e in events]
+    # complete events, and the allocator's instant events (profile_memory=True)
+    kept = [e for e in events if type(e) is dict and (
+        e.get("ph") == "X" or (e.get("ph") == "i" and e.get("name") == "[memory]"))]
+    return _convert(kept, pos), len(kept)
+
+
 def _first_pass(reader: GuardedReader, out: Path, fast: bool
                 ) -> tuple[int, pa.RecordBatch | None, bool]:
     import ijson
 
-    n = pos = 0
+    n = pos = held_bytes = 0
     writer: pq.ParquetWriter | None = None
-    pending: list[dict[str, Any]] = []
     held: list[pa.RecordBatch] = []  # converted batches, until the trace outgrows IN_MEMORY
     # The parsed events make no reference cycles, but a batch of them is ~10^5 container
     # objects, which sets off the cyclic collector over and over: 40% of the parse time.
@@ -264,35 +297,25 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
         lists, array_form = _lists(reader, fast)
         try:
             for events in lists:
-                # complete events, and the allocator's instant events (profile_memory=True)
-                pending += [e for e in events if type(e) is dict and (
-                    e.get("ph") == "X" or (e.get("ph") == "i" and e.get("name") == "[memory]"))]
-                while len(pending) >= BATCH:
-                    rb = _convert(pending[:BATCH], pos)
-                    n += rb.num_rows
-                    pos += BATCH
-                    del pending[:BATCH]
-                    if writer is None:
-                        held.append(rb)
-                        if n <= IN_MEMORY:
-                            continue
-                        writer = pq.ParquetWriter(out, FIRST_PASS, compression="zstd")
-                        for h in held:
-                            writer.write_batch(h)
-                        held = []
-                    else:
-                        writer.write_batch(rb)
+                rb, used = _to_batch(events, pos)
+                del events
+                n += rb.num_rows
+                pos += used
+                if writer is not None:
+                    writer.write_batch(rb)
+                    continue
+                held.append(rb)
+                held_bytes += rb.nbytes
+                if held_bytes > IN_MEMORY:
+                    writer = pq.ParquetWriter(out, FIRST_PASS, compression="zstd")
+                    for h in held:
+                        writer.write_batch(h)
+                    held = []
         except ijson.JSONError as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
                              f"Chrome/Kineto trace): {first}") from e
-        last: pa.RecordBatch | None = _convert(pending, pos)
-        n += last.num_rows
-        if writer is not None:
-            writer.write_batch(last)
-            last = None
-        elif held:
-            last = pa.concat_batches([*held, last])
+        last = None if writer is not None else pa.concat_batches([*held, _convert([], pos)])
         while reader.read(READ_SIZE):  # the rest of the file: the hash covers all of it
             pass
     finally:
@@ -303,60 +326,16 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
     return n, last, array_form
 
 
-FAST_MIN_BYTES = 64 << 20
-"""JSON size from which :mod:`.fastpass` (DuckDB's reader) is tried first. Measured, fresh
-processes: 15 MB, both ~0.5 s; 36.6 MB with input shapes on every op, Python 0.91 s and
-275 MB against DuckDB 1.2-1.4 s and 312 MB (its JSON functions are slow on 1 KB args);
-180 MB, Python 6.1 s and 572 MB against DuckDB 3.8 s and 390 MB."""
-
-
-def json_bytes(path: Path) -> int:
-    """The trace's JSON size: the file's, or a gzip file's own record of it (its last four
-    bytes: the size modulo 4 GiB, which is enough to choose a path)."""
-    try:
-        with open(path, "rb") as f:
-            if f.read(2) != b"\x1f\x8b":
-                return path.stat().st_size
-            f.seek(-4, 2)
-            return int.from_bytes(f.read(4), "little")
-    except OSError:
-        return 0
-
-
-def _fast(path: Path, out: Path, rank: int | None, limits: Limits | None,
-          td: Path) -> Ingested:
-    """:mod:`.fastpass`: the events array copied to a file of its own, read by DuckDB."""
-    from .fastpass import convert_and_finish, copy_array
-
-    reader = GuardedReader(path, limits or Limits())
-    array = td / "events.json"
-    try:
-        copy_array(reader, array)
-        while reader.read(READ_SIZE):  # (the hash covers all of it)
-            pass
-    finally:
-        reader.close()
-    info = _ingested(reader, path, edge_meta(bytes(reader.head), reader.tail, path), rank, 0)
-    info.events = convert_and_finish(array, out, info.trace_id, td)
-    array.unlink()
-    return info
-
-
 def ingest(path: Path, out: Path, *, rank: int | None = None, limits: Limits | None = None,
            tmp_dir: Path | None = None) -> Ingested:
     """Stream ``path`` into the Parquet file ``out`` (FORMAT.md ``trace_events`` columns
     without ``rank``, time-ordered). Raises TraceError with one clear message."""
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="tracealyze-ingest-", dir=tmp_dir) as td:
-        if json_bytes(path) >= FAST_MIN_BYTES:
-            try:
-                return _fast(path, out, rank, limits, Path(td))
-            except Fallback:
-                pass  # read it again the Python way (which also words a bad trace's error)
         first = Path(td) / "events.parquet"
         info, small = stream_events(path, first, rank=rank, limits=limits)
         if small is not None:
-            pq.write_table(finish_in_memory(small, info.trace_id), out, compression="zstd")
+            write_in_memory(small, info.trace_id, out)
         else:
             assign_steps(first, out, info.trace_id, Path(td))
     return info

@@ -88,3 +88,17 @@ def with_items(src: Path, dst: Path, per_step: int = ITEMS_PER_STEP) -> Path:
             ]
     dst.write_text(json.dumps(d))
     return dst
+
+
+def assert_same_rows(a: pa.Table, b: pa.Table) -> None:
+    """The same rows, the args as the same JSON values (their text may spell a number or a
+    character differently: the trace's own spelling, or orjson's)."""
+    import json
+
+    assert a.schema == b.schema and a.num_rows == b.num_rows
+    for name in a.column_names:
+        if name != "args":
+            assert a[name].equals(b[name]), name
+    x, y = a["args"].to_pylist(), b["args"].to_pylist()
+    assert [None if v is None else json.loads(v) for v in x] == \
+        [None if v is None else json.loads(v) for v in y]
