@@ -1,9 +1,10 @@
 """The fast path of the streaming trace reader: the events array is cut into byte chunks
-between two of its elements and each chunk is parsed by orjson (2x ijson's speed).
+between two of its elements and each chunk is parsed whole (msgspec's typed decoding in
+ingest, orjson by default here).
 
 A chunk ends at a ``}`` followed by ``,`` and the next ``{``. Such a place inside a string or
 inside a nested object would leave the chunk unbalanced (an unterminated string, an unclosed
-bracket), so orjson refuses it: a cut that parses is a cut between elements. When no cut
+bracket), so the parser refuses it: a cut that parses is a cut between elements. When no cut
 parses, :class:`Fallback` is raised and the caller reads the trace with ijson instead, which
 splits any valid JSON (slower). Every byte still goes through the guarded reader (bomb guard,
 hash)."""

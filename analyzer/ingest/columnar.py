@@ -47,7 +47,8 @@ class Event(msgspec.Struct, gc=False):
     dur: Any = None
     pid: Any = None
     tid: Any = None
-    args: msgspec.Raw = msgspec.Raw()
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+    """(an event without args reads as one with empty args: no row has none to join)"""
 
 
 class Promoted(msgspec.Struct, gc=False):
@@ -60,7 +61,7 @@ class Promoted(msgspec.Struct, gc=False):
 
 
 _EVENTS = msgspec.json.Decoder(list[Event])
-_PROMOTED = msgspec.json.Decoder(list[Promoted | None])
+_PROMOTED = msgspec.json.Decoder(list[Promoted])
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _NUM = frozenset((int, float))
 _NUM_NONE = frozenset((int, float, type(None)))
@@ -82,10 +83,10 @@ def _ints(values: list[Any]) -> list[int | None]:
     return [v if type(v) is int or v is None else to_int(v) for v in values]
 
 
-def _args(raws: list[msgspec.Raw]) -> tuple[list[Promoted | None], pa.Array] | None:
-    """(promoted values per row, the args column), or None where a row's args is neither an
-    object nor null, or not valid UTF-8."""
-    joined = b"[" + b",".join([r if r else b"null" for r in raws]) + b"]"
+def _args(raws: list[msgspec.Raw]) -> tuple[list[Promoted], pa.Array] | None:
+    """(promoted values per row, the args column), or None where a row's args is not an
+    object (``null`` included: no profiler writes it), or not valid UTF-8."""
+    joined = b"[" + b",".join(raws) + b"]"
     try:
         promoted = _PROMOTED.decode(joined)
     except msgspec.ValidationError:
@@ -137,7 +138,8 @@ def convert(events: list[Event], start: int, schema: pa.Schema
     dur_a[np.isnan(dur_a)] = 0.0
     if set(map(type, cats)) <= _STR_NONE:
         aliases = CAT_ALIASES
-        cats = [aliases.get(c, c) for c in cats]
+        if not aliases.keys().isdisjoint(set(cats)):
+            cats = [aliases.get(c, c) for c in cats]
     else:
         return None
     names = [e.name for e in kept]
@@ -149,16 +151,15 @@ def convert(events: list[Event], start: int, schema: pa.Schema
     promoted, args = got
     gpu_side, no_stream = GPU_SIDE_CATS, NO_STREAM
     gpu = [c in gpu_side for c in cats]
-    streams = _ints([p.stream if g and p is not None else None
-                     for p, g in zip(promoted, gpu, strict=True)])
+    streams = _ints([p.stream if g else None for p, g in zip(promoted, gpu, strict=True)])
     streams = [None if s in no_stream else s for s in streams]
     arrays = [
         numeric(idx, pa.int64()), strings(cats), strings(names), numeric(ts_a, pa.float64()),
         numeric(dur_a, pa.float64()), ints(_ints([e.pid for e in kept])),
         ints(_ints([e.tid for e in kept])), ints(streams),
-        ints(_ints([None if p is None else p.correlation for p in promoted])),
-        ints(_ints([None if p is None else p.external_id for p in promoted])),
-        ints(_ints([None if p is None else p.device for p in promoted])),
+        ints(_ints([p.correlation for p in promoted])),
+        ints(_ints([p.external_id for p in promoted])),
+        ints(_ints([p.device for p in promoted])),
         args,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema), used

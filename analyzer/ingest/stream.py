@@ -1,22 +1,28 @@
 """Streaming ingest of a Chrome/Kineto trace into a ``trace_events`` Parquet file, in bounded
-memory whatever the trace's size (issue 16).
+memory whatever the trace's size (issues 16, 31).
 
 Two passes, neither of which holds the trace:
 
-1. the (gzip-)decompressed bytes are parsed incrementally by ijson's C backend (yajl2): one
-   event object at a time, converted in batches of :data:`BATCH` events into Arrow record
-   batches that go straight into a temporary Parquet file. The reader counts the bytes it
-   hands out (decompression-bomb guard), hashes them (the trace_id, identical to what the
-   whole-file reader gave) and keeps the first and last MiB, where the trace's own metadata
-   (``distributedInfo``, ``trace_id``) sits on either side of ``traceEvents``;
-2. DuckDB, under a memory limit and spilling to the temp directory, gives every row its step
-   (``ProfilerStep#N`` containment for host rows — an ASOF join —, the launching runtime
-   call's step for device rows, joined on ``correlation``), sorts by time and writes the
-   final file.
+1. the (gzip-)decompressed bytes (:mod:`.inflate`, on a background thread) come through a
+   guarded reader that counts them (decompression-bomb guard), hashes them (the trace_id)
+   and keeps the first and last MiB, where the trace's own metadata (``distributedInfo``,
+   ``trace_id``) sits on either side of ``traceEvents``. The events array is cut into ~4 MB
+   chunks between two elements (:mod:`.chunks`) and each chunk becomes one Arrow record
+   batch: by column (:mod:`.columnar`, msgspec's typed decoding), or one event at a time
+   (:func:`_convert`, the reference) for a chunk the columnar path declines. A trace that
+   cannot be cut is read again with ijson, one event at a time, in batches of
+   :data:`BATCH`. The batches are held in memory up to :data:`IN_MEMORY` bytes, else they
+   go to a scratch Parquet file;
+2. held in memory, numpy gives every row its step and the rows their time order
+   (:func:`.steps.write_in_memory`); from the scratch file, DuckDB does it under a memory
+   limit, spilling to the temp directory (:func:`.steps.assign_steps`): ``ProfilerStep#N``
+   containment for host rows, the launching runtime call's step for device rows (joined on
+   ``correlation``). Both give the same rows (tested).
 
-Why ijson (a dependency since issue 16): a C incremental JSON parser, maintained since 2016,
-that yields one Python object per array element; the standard library and orjson only parse
-whole documents, which is what made a 531 MB trace take 4.95 GB of RAM.
+Why ijson (a dependency since issue 16): a C incremental JSON parser that yields one Python
+object per array element, for the traces whose array cannot be cut safely; the standard
+library and orjson only parse whole documents, which is what made a 531 MB trace take
+4.95 GB of RAM.
 """
 
 from __future__ import annotations
@@ -56,8 +62,11 @@ BATCH = 16_384
 _EVENTS_LIST = re.compile(rb'"traceEvents"\s*:\s*\[')
 IN_MEMORY = 192 << 20
 """A trace whose first-pass rows take at most this many bytes of Arrow buffers is kept in
-memory and finished in numpy; a bigger one goes through a scratch Parquet file and DuckDB
-(bounded memory)."""
+memory and finished in numpy (~0.75 byte per byte of JSON: up to ~250 MB of JSON); a
+bigger one goes through a scratch Parquet file and DuckDB. Either way peak RSS stays
+under ~470 MB: the held rows plus one sorted row group plus the libraries (390-430 MB at
+the budget), or the budget while it is written out, then DuckDB's (:data:`.steps.
+DUCKDB_MEMORY`). Below 1x the JSON from ~470 MB of JSON up."""
 def edge_meta(head: bytes, tail: bytes, path: Path | None = None) -> dict[str, Any]:
     """``distributedInfo`` and ``trace_id`` from the first and last MiB of the trace: the
     top-level keys before ``traceEvents`` are parsed from the head; keys written after it
@@ -337,5 +346,8 @@ def ingest(path: Path, out: Path, *, rank: int | None = None, limits: Limits | N
         if small is not None:
             write_in_memory(small, info.trace_id, out)
         else:
+            # the first pass's buffers are free now: hand them back before DuckDB takes
+            # its own (Arrow's allocator keeps freed memory for reuse otherwise)
+            pa.default_memory_pool().release_unused()
             assign_steps(first, out, info.trace_id, Path(td))
     return info
