@@ -27,7 +27,7 @@ Python that read them: 25-47 MB/s in all).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -37,12 +37,14 @@ from .arrow_build import ints, numeric, strings, utf8
 from .fields import ARGS_MAX_BYTES, CAT_ALIASES, GPU_SIDE_CATS, NO_STREAM, args_json, to_int
 
 
-class Event(msgspec.Struct, gc=False):
-    """The fields of an event that a row is made of (others are skipped unparsed)."""
+class Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """A complete event (``"ph": "X"``): the fields a row is made of (others are skipped
+    unparsed)."""
 
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
+    cat: msgspec.Raw = msgspec.Raw(b"null")
+    """(``cat`` and ``name`` as raw JSON: a column of plain strings is built from the bytes,
+    without a Python string per event)"""
+    name: msgspec.Raw = msgspec.Raw(b"null")
     ts: Any = None
     dur: Any = None
     pid: Any = None
@@ -60,20 +62,45 @@ class Promoted(msgspec.Struct, gc=False):
     device: Any = None
 
 
-_EVENTS = msgspec.json.Decoder(list[Event])
+class Instant(Event, tag="i"):
+    """An instant event: a row when it is the allocator's (``[memory]``)."""
+
+
+# Every other phase of the Trace Event Format (and any letter) decodes to an empty record:
+# flow arrows, metadata, counters, ... are a third of a GPU trace's events, never rows. An
+# event without ``ph``, or with another value, makes the chunk go to the reference path.
+_OTHERS = tuple(msgspec.defstruct(f"Phase{ord(c)}", [], tag_field="ph", tag=c, gc=False)
+                for c in "ABCDEFGHIJKLMNOPQRSTUVWYZabcdefghjklmnopqrstuvwxyz()")
+_EVENTS = msgspec.json.Decoder(list[Union[(Event, Instant, *_OTHERS)]])
+
+
+class Events(list):
+    """A chunk decoded by :func:`decode` (what :func:`convert` takes)."""
 _PROMOTED = msgspec.json.Decoder(list[Promoted])
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+_TRACE = msgspec.Raw(b'"Trace"')
+_MEMORY = msgspec.Raw(b'"[memory]"')
 _NUM = frozenset((int, float))
 _NUM_NONE = frozenset((int, float, type(None)))
 _INT_NONE = frozenset((int, type(None)))
 _STR_NONE = frozenset((str, type(None)))
 
 
-def decode(data: bytes) -> list[Event]:
+def decode(data: bytes) -> Events:
     """``data`` (a JSON array of events) as typed events. Raises ``msgspec.DecodeError``
     for text that is not JSON (a cut in the wrong place) and its subclass
-    ``msgspec.ValidationError`` for JSON that is not an array of objects."""
-    return _EVENTS.decode(data)
+    ``msgspec.ValidationError`` for JSON that is not an array of objects with a one-letter
+    ``ph``."""
+    return Events(_EVENTS.decode(data))
+
+
+def as_dict(e: msgspec.Struct) -> dict[str, Any]:
+    """A typed event as the reference path reads it."""
+    if not isinstance(e, Event):
+        return {"ph": e.__struct_config__.tag}
+    return {"ph": e.__struct_config__.tag, "cat": msgspec.json.decode(e.cat),
+            "name": msgspec.json.decode(e.name), "ts": e.ts, "dur": e.dur, "pid": e.pid,
+            "tid": e.tid, "args": msgspec.json.decode(e.args)}
 
 
 def _ints(values: list[Any]) -> list[int | None]:
@@ -110,16 +137,75 @@ def _args(raws: list[msgspec.Raw]) -> tuple[list[Promoted], pa.Array] | None:
     return promoted, arr
 
 
-def convert(events: list[Event], start: int, schema: pa.Schema
+def _texts(raws: list[msgspec.Raw]) -> pa.Array | None:
+    """A string column from raw JSON values, straight from their bytes; None unless every
+    value is a plain string (no escapes: then its only quotes are the two around it)."""
+    joined = b"".join(raws)
+    if b"\\" in joined:
+        return None
+    n = len(raws)
+    lengths = np.fromiter(map(len, raws), np.int64, n)
+    ends = np.cumsum(lengths)
+    b = np.frombuffer(joined, np.uint8)
+    if n and (lengths.min() < 2 or (b[ends - lengths] != 0x22).any()
+              or (b[ends - 1] != 0x22).any()):
+        return None
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths - 2, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return None
+    arr = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                 pa.py_buffer(joined.replace(b'"', b""))])
+    try:
+        arr.validate(full=True)  # (UTF-8)
+    except pa.ArrowInvalid:
+        return None
+    return arr
+
+
+def _values(raws: list[msgspec.Raw]) -> list[Any]:
+    return [msgspec.json.decode(r) for r in raws]
+
+
+def _categories(raws: list[msgspec.Raw]) -> tuple[pa.Array, list[bool]] | None:
+    """The category column (older spellings mapped to today's) and which rows are drawn
+    on the device; None where a category is neither a string nor null."""
+    arr = _texts(raws)
+    if arr is None:
+        cats = _values(raws)
+        if not set(map(type, cats)) <= _STR_NONE:
+            return None
+        cats = [CAT_ALIASES.get(c, c) for c in cats]
+        return strings(cats), [c in GPU_SIDE_CATS for c in cats]
+    enc = arr.dictionary_encode()  # (a handful of distinct values)
+    names = enc.dictionary.to_pylist()
+    mapped = [CAT_ALIASES.get(c, c) for c in names]
+    if mapped != names:
+        arr = pa.DictionaryArray.from_arrays(enc.indices, strings(mapped)).dictionary_decode()
+    codes = np.frombuffer(enc.indices.buffers()[1], np.int32, count=len(enc))
+    device = [k for k, c in enumerate(mapped) if c in GPU_SIDE_CATS]
+    return arr, np.isin(codes, device).tolist()
+
+
+def _names(raws: list[msgspec.Raw]) -> pa.Array:
+    arr = _texts(raws)
+    if arr is not None:
+        return arr
+    names = _values(raws)
+    return strings([n if type(n) is str else ("" if n is None else str(n)) for n in names])
+
+
+def convert(events: Events, start: int, schema: pa.Schema
             ) -> tuple[pa.RecordBatch, int] | None:
     """The complete events (and allocator instants) of ``events`` as a first-pass record
     batch (``i``: ``start`` + the position among them) and how many positions it used; None
     where some field is of a type the reference path must judge."""
-    kept = [e for e in events if e.ph == "X" or (e.ph == "i" and e.name == "[memory]")]
+    kept = [e for e in events
+            if type(e) is Event or (type(e) is Instant and e.name == _MEMORY)]
     used = len(kept)
     cats = [e.cat for e in kept]
-    if "Trace" in cats:  # the profiler's own whole-trace span
-        pos = [k for k, c in enumerate(cats) if c != "Trace"]
+    if _TRACE in cats:  # the profiler's own whole-trace span
+        pos = [k for k, c in enumerate(cats) if c != _TRACE]
         kept = [kept[k] for k in pos]
         cats = [cats[k] for k in pos]
         idx = np.asarray(pos, dtype=np.int64) + start
@@ -136,25 +222,18 @@ def convert(events: list[Event], start: int, schema: pa.Schema
     except OverflowError:  # an integer beyond a double: the reference skips the event
         return None
     dur_a[np.isnan(dur_a)] = 0.0
-    if set(map(type, cats)) <= _STR_NONE:
-        aliases = CAT_ALIASES
-        if not aliases.keys().isdisjoint(set(cats)):
-            cats = [aliases.get(c, c) for c in cats]
-    else:
-        return None
-    names = [e.name for e in kept]
-    if not set(map(type, names)) <= {str}:
-        names = [n if type(n) is str else ("" if n is None else str(n)) for n in names]
+    got_cats = _categories(cats)
     got = _args([e.args for e in kept])
-    if got is None:
+    if got_cats is None or got is None:
         return None
+    cat_arr, gpu = got_cats
     promoted, args = got
-    gpu_side, no_stream = GPU_SIDE_CATS, NO_STREAM
-    gpu = [c in gpu_side for c in cats]
+    no_stream = NO_STREAM
     streams = _ints([p.stream if g else None for p, g in zip(promoted, gpu, strict=True)])
     streams = [None if s in no_stream else s for s in streams]
     arrays = [
-        numeric(idx, pa.int64()), strings(cats), strings(names), numeric(ts_a, pa.float64()),
+        numeric(idx, pa.int64()), cat_arr, _names([e.name for e in kept]),
+        numeric(ts_a, pa.float64()),
         numeric(dur_a, pa.float64()), ints(_ints([e.pid for e in kept])),
         ints(_ints([e.tid for e in kept])), ints(streams),
         ints(_ints([p.correlation for p in promoted])),

@@ -266,25 +266,14 @@ def _batched(items: Iterator[Any]) -> Iterator[list[Any]]:
     yield batch
 
 
-def _as_dict(e: columnar.Event) -> dict[str, Any]:
-    """A typed event as the reference path reads it."""
-    import msgspec
-
-    d = {"ph": e.ph, "cat": e.cat, "name": e.name, "ts": e.ts, "dur": e.dur, "pid": e.pid,
-         "tid": e.tid}
-    if e.args:
-        d["args"] = msgspec.json.decode(e.args)
-    return d
-
-
 def _to_batch(events: list[Any], pos: int) -> tuple[pa.RecordBatch, int]:
     """One list of events as a first-pass batch, and how many positions it used: by
     column (typed events), else one event at a time (:func:`_convert`, the reference)."""
-    if events and type(events[0]) is columnar.Event:  # (then all are: one typed decode)
+    if type(events) is columnar.Events:
         got = columnar.convert(events, pos, FIRST_PASS)
         if got is not None:
             return got
-        events = [_as_dict(e) for e in events]
+        events = [columnar.as_dict(e) for e in events]
     # complete events, and the allocator's instant events (profile_memory=True)
     kept = [e for e in events if type(e) is dict and (
         e.get("ph") == "X" or (e.get("ph") == "i" and e.get("name") == "[memory]"))]
