@@ -1,6 +1,6 @@
 """The fast path of the streaming trace reader: the events array is cut into byte chunks
 between two of its elements and each chunk is parsed whole (msgspec's typed decoding in
-ingest, orjson by default here).
+ingest, plain values by default here).
 
 A chunk ends at a ``}`` followed by ``,`` and the next ``{``. Such a place inside a string or
 inside a nested object would leave the chunk unbalanced (an unterminated string, an unclosed
@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
+import msgspec
 
 CHUNK = 4 << 20
 """Bytes read per chunk (the chunk and its parsed events are what is in memory)."""
@@ -24,6 +24,18 @@ FIND_ARRAY = 16 << 20
 _CUT = re.compile(rb"\}\s*,\s*\{")
 _END = re.compile(rb"\}\s*\]")
 _OPEN = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+
+def json_value(data: bytes) -> Any:
+    """``data`` parsed as JSON (dicts, lists, ...). ValueError: not JSON, or nested past
+    msgspec's limit (Python's recursion limit: ~1,000 levels), which it checks as it goes.
+    Not orjson: orjson 3.13 has no nesting limit on loads and overflows the C stack on
+    ~200,000 open brackets, killing the process (a hostile trace crashed ``import-trace``
+    and the analyzer of a run holding it)."""
+    try:
+        return msgspec.json.decode(data)
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
 
 
 class Fallback(Exception):
@@ -62,7 +74,7 @@ def _last_cut(buf: bytes) -> list[int]:
 
 
 def chunked_events(reader: Any, first: bytes,
-                   parse: Callable[[bytes], list[Any]] = orjson.loads) -> Iterator[list[Any]]:
+                   parse: Callable[[bytes], list[Any]] = json_value) -> Iterator[list[Any]]:
     """Lists of the trace's events, in file order, each ``parse`` of a JSON array of them
     (``parse`` raises ValueError for text that is not JSON). Raises Fallback where it
     cannot go on safely (some lists may have been yielded: the caller starts again with
@@ -110,7 +122,7 @@ def _finish(buf: bytes, bare: bool, parse: Callable[[bytes], list[Any]]) -> list
             if rest.strip():
                 raise Fallback("data after the events array")
         else:
-            orjson.loads(b'{"_": 0' + rest)  # the remaining keys and the closing brace
-    except orjson.JSONDecodeError as e:
+            json_value(b'{"_": 0' + rest)  # the remaining keys and the closing brace
+    except ValueError as e:
         raise Fallback("the document does not end after the events array") from e
     return events

@@ -163,8 +163,12 @@ def _texts(raws: list[msgspec.Raw]) -> pa.Array | None:
     return arr
 
 
-def _values(raws: list[msgspec.Raw]) -> list[Any]:
-    return [msgspec.json.decode(r) for r in raws]
+def _values(raws: list[msgspec.Raw]) -> list[Any] | None:
+    """The values themselves; None where one is not valid JSON text (not UTF-8)."""
+    try:
+        return [msgspec.json.decode(r) for r in raws]
+    except ValueError:  # (msgspec.DecodeError, UnicodeDecodeError)
+        return None
 
 
 def _categories(raws: list[msgspec.Raw]) -> tuple[pa.Array, list[bool]] | None:
@@ -173,7 +177,7 @@ def _categories(raws: list[msgspec.Raw]) -> tuple[pa.Array, list[bool]] | None:
     arr = _texts(raws)
     if arr is None:
         cats = _values(raws)
-        if not set(map(type, cats)) <= _STR_NONE:
+        if cats is None or not set(map(type, cats)) <= _STR_NONE:
             return None
         cats = [CAT_ALIASES.get(c, c) for c in cats]
         return strings(cats), [c in GPU_SIDE_CATS for c in cats]
@@ -187,11 +191,13 @@ def _categories(raws: list[msgspec.Raw]) -> tuple[pa.Array, list[bool]] | None:
     return arr, np.isin(codes, device).tolist()
 
 
-def _names(raws: list[msgspec.Raw]) -> pa.Array:
+def _names(raws: list[msgspec.Raw]) -> pa.Array | None:
     arr = _texts(raws)
     if arr is not None:
         return arr
     names = _values(raws)
+    if names is None:
+        return None
     return strings([n if type(n) is str else ("" if n is None else str(n)) for n in names])
 
 
@@ -228,11 +234,14 @@ def convert(events: Events, start: int, schema: pa.Schema
         return None
     cat_arr, gpu = got_cats
     promoted, args = got
+    name_arr = _names([e.name for e in kept])
+    if name_arr is None:
+        return None
     no_stream = NO_STREAM
     streams = _ints([p.stream if g else None for p, g in zip(promoted, gpu, strict=True)])
     streams = [None if s in no_stream else s for s in streams]
     arrays = [
-        numeric(idx, pa.int64()), cat_arr, _names([e.name for e in kept]),
+        numeric(idx, pa.int64()), cat_arr, name_arr,
         numeric(ts_a, pa.float64()),
         numeric(dur_a, pa.float64()), ints(_ints([e.pid for e in kept])),
         ints(_ints([e.tid for e in kept])), ints(streams),

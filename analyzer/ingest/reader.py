@@ -24,10 +24,10 @@ traces compress 5-30x; a 1 MB gzip bomb expands 2,000x) ..."""
 BOMB_CHECK_BYTES = 256 << 20
 """... once it has produced this much (a small, very repetitive trace is fine)."""
 MAX_DEPTH = 1024
-"""Deepest nesting of arrays and objects read (Kineto nests five or six levels). orjson, the
-fast path, stops at 1024 levels itself; ijson, the fallback, has no limit and keeps a prefix
-string per level, so memory grows with the square of the depth: a 400 KB trace of 200,000
-``[`` took 23 GB. The fallback counts brackets as they pass (strings not excluded: a
+"""Deepest nesting of arrays and objects read (Kineto nests five or six levels). msgspec, the
+fast path, stops at Python's recursion limit (~1,000 levels) itself; ijson, the fallback,
+has no limit and keeps a prefix string per level, so memory grows with the square of the
+depth: a 400 KB trace of 200,000 ``[`` took 23 GB. The fallback counts brackets as they pass (strings not excluded: a
 bracket in a name counts, which only makes the bound stricter)."""
 
 

@@ -37,14 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import TraceError
 from . import columnar
 from .arrow_build import floats, ints, strings
-from .chunks import Fallback, chunked_events
+from .chunks import Fallback, chunked_events, json_value
 from .fields import (
     CAT_ALIASES,
     GPU_SIDE_CATS,
@@ -195,7 +194,7 @@ def stream_events(path: Path, out: Path, *, rank: int | None = None,
     events goes into the Parquet file ``out`` (FIRST_PASS columns) and None is returned with
     its info; a smaller one stays in memory and is returned as one record batch (the second
     pass is then done in numpy: a small trace does not pay DuckDB's start-up). The fast
-    path (:mod:`.chunks`, orjson on chunks) is tried first; a trace it cannot cut is
+    path (:mod:`.chunks`, msgspec on chunks) is tried first; a trace it cannot cut is
     read again with ijson. ``rank``: as for :func:`rank_of_trace`."""
     for fast in (True, False):
         reader = GuardedReader(path, limits or Limits())
@@ -253,7 +252,9 @@ def _parse(data: bytes) -> list[Any]:
     try:
         return columnar.decode(data)
     except msgspec.ValidationError:
-        return orjson.loads(data)
+        return json_value(data)
+    except RecursionError as e:  # (nested past ~1,000 levels: in the end, the ijson
+        raise ValueError("nested too deeply") from e  # path and its depth guard judge it)
 
 
 def _batched(items: Iterator[Any]) -> Iterator[list[Any]]:
@@ -270,10 +271,16 @@ def _to_batch(events: list[Any], pos: int) -> tuple[pa.RecordBatch, int]:
     """One list of events as a first-pass batch, and how many positions it used: by
     column (typed events), else one event at a time (:func:`_convert`, the reference)."""
     if type(events) is columnar.Events:
-        got = columnar.convert(events, pos, FIRST_PASS)
+        try:
+            got = columnar.convert(events, pos, FIRST_PASS)
+        except RecursionError:  # args nested near the limit
+            got = None
         if got is not None:
             return got
-        events = [columnar.as_dict(e) for e in events]
+        try:
+            events = [columnar.as_dict(e) for e in events]
+        except (ValueError, RecursionError) as e:  # not UTF-8, or too deep: the
+            raise Fallback(str(e)) from e  # incremental parser gives the verdict
     # complete events, and the allocator's instant events (profile_memory=True)
     kept = [e for e in events if type(e) is dict and (
         e.get("ph") == "X" or (e.get("ph") == "i" and e.get("name") == "[memory]"))]

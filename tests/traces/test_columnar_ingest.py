@@ -168,7 +168,9 @@ def test_same_rows_on_events_written_the_odd_ways(tmp_path: Path, monkeypatch,
     [{"ph": "X", "cat": "c", "name": "n", "ts": 1, "dur": 1, "args": [1, 2]}],
     [{"ph": "X", "cat": "c", "name": "n", "ts": 10**400 if False else 1e300, "dur": "2"}],
     [3, "x", {"ph": "X", "cat": "c", "name": "n", "ts": 1, "dur": 1}],  # not all objects
-], ids=["text-ts", "null-ts", "numeric-cat", "list-args", "text-dur", "non-objects"])
+    [{"ph": "Xx", "cat": "c", "name": "n", "ts": 1}, {"cat": "c", "name": "n", "ts": 2}],
+], ids=["text-ts", "null-ts", "numeric-cat", "list-args", "text-dur", "non-objects",
+        "odd-phases"])
 def test_what_the_typed_path_declines_gives_the_reference_rows(events: list, tmp_path: Path,
                                                               monkeypatch) -> None:
     p = tmp_path / "t.json"
@@ -182,8 +184,11 @@ def test_what_the_typed_path_declines_gives_the_reference_rows(events: list, tmp
     b'{"traceEvents": [{"ph": "X", "cat": "c", "name": "n", "ts": 1, "dur": 1}, ]}',
     b'{"traceEvents": [{"ph": "X", "cat": "c", "name": "n", "ts": 1, "dur": 1e999}]}',
     b'{"traceEvents": [{"ph": "X", "cat": "c", "name": "n", "ts": 1, "args": {"a": "\xff"}}]}',
+    b'{"traceEvents": [{"ph": "X", "cat": "c", "name": "n\xff", "ts": 1}]}',
+    b'{"traceEvents": [{"ph": "X", "cat": "c\xff", "name": "n", "ts": 1}]}',
     b'{"other": 1, "traceEvents": [' + b'[' * 5000 + b']' * 5000 + b']}',
-], ids=["trailing-comma", "number-overflow", "not-utf8", "deep"])
+], ids=["trailing-comma", "number-overflow", "not-utf8-args", "not-utf8-name", "not-utf8-cat",
+        "deep"])
 def test_a_trace_the_typed_path_cannot_read_gets_the_reference_verdict(
         trace: bytes, tmp_path: Path, monkeypatch) -> None:
     p = tmp_path / "t.json"
@@ -202,3 +207,32 @@ def test_a_trace_the_typed_path_cannot_read_gets_the_reference_verdict(
     else:
         assert_same_rows(pq.read_table(tmp_path / "a.parquet"),
                          pq.read_table(tmp_path / "b.parquet"))
+
+
+@pytest.mark.parametrize("depth", [900, 200_000])
+@pytest.mark.parametrize("where", ["args", "after"])
+def test_deep_nesting_inside_an_event_is_read_or_refused_never_a_crash(
+        depth: int, where: str, tmp_path: Path) -> None:
+    """orjson (the chunk parser before issue 31) has no nesting limit on loads: 200,000
+    brackets in one event's args overflowed the C stack and killed the process. In a
+    subprocess, so that a crash fails the test instead of the run."""
+    import subprocess
+    import sys
+
+    deep = b"[" * depth + b"]" * depth
+    ev = b'{"ph": "X", "cat": "c", "name": "n", "ts": 1, "args": {"a": %s}}' % (
+        deep if where == "args" else b"1")
+    tail = b', "x": %s' % deep if where == "after" else b""
+    p = tmp_path / "t.json"
+    p.write_bytes(b'{"traceEvents": [%s, {"ph": "X", "ts": 2}]%s}' % (ev, tail))
+    code = ("import sys; from pathlib import Path; "
+            "from tracealyze.analyzer.ingest.stream import ingest; "
+            "from tracealyze.analyzer.errors import TraceError\n"
+            f"try:\n    print(ingest(Path({str(p)!r}), Path({str(tmp_path / 'o')!r})).events)\n"
+            "except TraceError as e:\n    print(e)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-500:]
+    if depth < 1000 and where == "args":
+        assert res.stdout.strip() == "2"
+    elif depth > 1024:
+        assert "more than 1024 levels deep" in res.stdout
