@@ -27,8 +27,9 @@ MAX_DEPTH = 1024
 """Deepest nesting of arrays and objects read (Kineto nests five or six levels). msgspec, the
 fast path, stops at Python's recursion limit (~1,000 levels) itself; ijson, the fallback,
 has no limit and keeps a prefix string per level, so memory grows with the square of the
-depth: a 400 KB trace of 200,000 ``[`` took 23 GB. The fallback counts brackets as they pass (strings not excluded: a
-bracket in a name counts, which only makes the bound stricter)."""
+depth: a 400 KB trace of 200,000 ``[`` took 23 GB. The fallback counts brackets as they
+pass (strings not excluded: a bracket in a name counts, which only makes the bound
+stricter)."""
 
 
 

@@ -7,6 +7,7 @@ flat whatever the trace's size. Both give the same rows (tested)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,43 +120,52 @@ def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
         con.close()
 
 
-def write_in_memory(rb: pa.RecordBatch, trace_id_: str, out: Path) -> None:
-    """The second pass of a trace held in memory, in numpy (same rules as the SQL): the
-    final rows, in time order, written to ``out`` a row group at a time (the sorted copy
-    is never whole in memory)."""
+def write_in_memory(first: pa.Table, trace_id_: str, out: Path) -> None:
+    """The second pass of a trace held in memory (``first``: the first-pass batches, never
+    concatenated into one copy), in numpy (same rules as the SQL): the final rows, in time
+    order, written to ``out`` a row group at a time (the sorted copy is never whole in
+    memory either)."""
     import pyarrow.parquet as pq
 
-    order = _order(rb)
-    t = _final(rb, trace_id_)
+    order = numeric(np.lexsort((_joined(first, "i", np_values),
+                                _joined(first, "ts_us", np_values))), pa.int64())
+    t = _final(first, trace_id_)
     with pq.ParquetWriter(out, t.schema, **WRITE_OPTIONS) as w:
         for a in range(0, max(len(order), 1), ROW_GROUP):
             w.write_table(t.take(order[a:a + ROW_GROUP]), row_group_size=ROW_GROUP)
 
 
-def _order(rb: pa.RecordBatch) -> pa.Array:
-    """Row order: by time, then position in the file."""
-    return numeric(np.lexsort((np_values(rb.column("i")), np_values(rb.column("ts_us")))),
-                   pa.int64())
+def _joined(t: pa.Table | pa.ChunkedArray, column: str | None,
+            f: Callable[[pa.Array], np.ndarray]) -> np.ndarray:
+    """``f`` of each chunk of a column (or of a chunked array), as one numpy array."""
+    col = t.column(column) if column is not None else t
+    parts = [f(c) for c in col.chunks]
+    return np.concatenate(parts) if parts else np.zeros(0, bool)  # (no chunk: no rows)
 
 
-def _final(rb: pa.RecordBatch, trace_id_: str) -> pa.Table:
+def _correlations(arr: pa.Array) -> np.ndarray:
+    """Correlation ids with -1 for none."""
+    return np.where(valid_mask(arr), np.frombuffer(arr.buffers()[1], np.int64, count=len(arr)),
+                    -1)
+
+
+def _final(first: pa.Table, trace_id_: str) -> pa.Table:
     """The first-pass rows with their step and trace id, in file order."""
     import pyarrow.compute as pc
 
-    cat = rb.column("cat")
-    gpu = _mask(pc.is_in(cat, value_set=strings(list(GPU_SIDE))))
-    launch = _mask(pc.is_in(cat, value_set=strings(list(LAUNCH))))
-    name = rb.column("name")
-    marks = np.flatnonzero(_mask(pc.match_substring_regex(name, _STEP_RE.pattern)) & ~gpu)
+    cat = first.column("cat")
+    gpu = _joined(pc.is_in(cat, value_set=strings(list(GPU_SIDE))), None, _mask)
+    launch = _joined(pc.is_in(cat, value_set=strings(list(LAUNCH))), None, _mask)
+    name = first.column("name")
+    spans = _joined(pc.match_substring_regex(name, _STEP_RE.pattern), None, _mask)
+    marks = np.flatnonzero(spans & ~gpu)
     step_rows = [(int(i), int(_STEP_RE.match(name[int(i)].as_py()).group(1))) for i in marks]
-    corr = np.where(valid_mask(rb.column("correlation")),
-                    np.frombuffer(rb.column("correlation").buffers()[1], np.int64,
-                                  count=rb.num_rows), -1)
-    values, valid = steps_in_memory(step_rows, gpu, launch, np_values(rb.column("ts_us")),
-                                    np_values(rb.column("dur_us")), corr)
-    t = pa.Table.from_batches([rb]).drop_columns(["i"])
+    values, valid = steps_in_memory(step_rows, gpu, launch, _joined(first, "ts_us", np_values),
+                                    _joined(first, "dur_us", np_values),
+                                    _joined(first, "correlation", _correlations))
+    t = first.drop_columns(["i"])
     t = t.add_column(0, "step", numeric(values, pa.int64(), ~valid))
-    return t.add_column(0, "trace_id", repeated(trace_id_, rb.num_rows))
+    return t.add_column(0, "trace_id", repeated(trace_id_, first.num_rows))
 
 
 def _bits(buf: pa.Buffer, n: int) -> np.ndarray:

@@ -189,11 +189,12 @@ class Ingested:
 
 
 def stream_events(path: Path, out: Path, *, rank: int | None = None,
-                  limits: Limits | None = None) -> tuple[Ingested, pa.RecordBatch | None]:
+                  limits: Limits | None = None) -> tuple[Ingested, pa.Table | None]:
     """First pass: ``path``'s complete events, in batches. A trace of more than IN_MEMORY
-    events goes into the Parquet file ``out`` (FIRST_PASS columns) and None is returned with
-    its info; a smaller one stays in memory and is returned as one record batch (the second
-    pass is then done in numpy: a small trace does not pay DuckDB's start-up). The fast
+    bytes of rows goes into the Parquet file ``out`` (FIRST_PASS columns) and None is
+    returned with its info; a smaller one stays in memory and is returned as one table over
+    its batches (the second pass is then done in numpy: a small trace does not pay DuckDB's
+    start-up). The fast
     path (:mod:`.chunks`, msgspec on chunks) is tried first; a trace it cannot cut is
     read again with ijson. ``rank``: as for :func:`rank_of_trace`."""
     for fast in (True, False):
@@ -288,7 +289,7 @@ def _to_batch(events: list[Any], pos: int) -> tuple[pa.RecordBatch, int]:
 
 
 def _first_pass(reader: GuardedReader, out: Path, fast: bool
-                ) -> tuple[int, pa.RecordBatch | None, bool]:
+                ) -> tuple[int, pa.Table | None, bool]:
     import ijson
 
     n = pos = held_bytes = 0
@@ -320,7 +321,9 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
                              f"Chrome/Kineto trace): {first}") from e
-        last = None if writer is not None else pa.concat_batches([*held, _convert([], pos)])
+        # (a table over the batches: concatenating them would copy every row once more)
+        last = None if writer is not None else pa.Table.from_batches(
+            [*held, _convert([], pos)])
         while reader.read(READ_SIZE):  # the rest of the file: the hash covers all of it
             pass
     finally:
