@@ -53,15 +53,6 @@ class Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     """(an event without args reads as one with empty args: no row has none to join)"""
 
 
-class Promoted(msgspec.Struct, gc=False):
-    """The args promoted to columns (the rest of an event's args is skipped)."""
-
-    stream: Any = None
-    correlation: Any = None
-    external_id: Any = msgspec.field(default=None, name="External id")
-    device: Any = None
-
-
 class Instant(Event, tag="i"):
     """An instant event: a row when it is the allocator's (``[memory]``)."""
 
@@ -71,11 +62,22 @@ class Instant(Event, tag="i"):
 # event without ``ph``, or with another value, makes the chunk go to the reference path.
 _OTHERS = tuple(msgspec.defstruct(f"Phase{ord(c)}", [], tag_field="ph", tag=c, gc=False)
                 for c in "ABCDEFGHIJKLMNOPQRSTUVWYZabcdefghjklmnopqrstuvwxyz()")
-_EVENTS = msgspec.json.Decoder(list[Union[(Event, Instant, *_OTHERS)]])
+
+
+class Promoted(msgspec.Struct, gc=False):
+    """The args promoted to columns (the rest of an event's args is skipped)."""
+
+    stream: Any = None
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    device: Any = None
 
 
 class Events(list):
     """A chunk decoded by :func:`decode` (what :func:`convert` takes)."""
+
+
+_EVENTS = msgspec.json.Decoder(list[Union[(Event, Instant, *_OTHERS)]])
 _PROMOTED = msgspec.json.Decoder(list[Promoted])
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _TRACE = msgspec.Raw(b'"Trace"')
@@ -116,19 +118,18 @@ def _args(raws: list[msgspec.Raw]) -> tuple[list[Promoted], pa.Array] | None:
     joined = b"[" + b",".join(raws) + b"]"
     try:
         promoted = _PROMOTED.decode(joined)
-    except msgspec.ValidationError:
+        rows: list[Any] = _RAWS.decode(msgspec.json.format(joined, indent=-1))
+        lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+        # null, {} and args long enough to be cut to their scalars: looked at one by one
+        for k in np.flatnonzero((lengths <= 4) | (lengths > ARGS_MAX_BYTES)).tolist():
+            r = bytes(rows[k])
+            if r in (b"null", b"{}"):
+                rows[k] = None
+            elif len(r) > ARGS_MAX_BYTES:
+                text = args_json(msgspec.json.decode(r))
+                rows[k] = None if text is None else text.encode("utf-8", "replace")
+    except ValueError:  # (msgspec's Validation/DecodeError, UnicodeDecodeError)
         return None
-    rows: list[Any] = _RAWS.decode(msgspec.json.format(joined, indent=-1))
-    n = len(rows)
-    lengths = np.fromiter(map(len, rows), np.int64, n)
-    # null, {} and args long enough to be cut to their scalars: looked at one by one
-    for k in np.flatnonzero((lengths <= 4) | (lengths > ARGS_MAX_BYTES)).tolist():
-        r = bytes(rows[k])
-        if r in (b"null", b"{}"):
-            rows[k] = None
-        elif len(r) > ARGS_MAX_BYTES:
-            text = args_json(msgspec.json.decode(r))
-            rows[k] = None if text is None else text.encode("utf-8", "replace")
     arr = utf8(rows)
     try:
         arr.validate(full=True)  # (the raw bytes were never decoded: UTF-8 is checked here)

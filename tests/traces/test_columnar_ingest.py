@@ -186,9 +186,11 @@ def test_what_the_typed_path_declines_gives_the_reference_rows(events: list, tmp
     b'{"traceEvents": [{"ph": "X", "cat": "c", "name": "n", "ts": 1, "args": {"a": "\xff"}}]}',
     b'{"traceEvents": [{"ph": "X", "cat": "c", "name": "n\xff", "ts": 1}]}',
     b'{"traceEvents": [{"ph": "X", "cat": "c\xff", "name": "n", "ts": 1}]}',
+    b'{"traceEvents": [{"ph": "X", "cat": "c", "name": "n", "ts": 1, "args": {"stream": "\xff"}}]}',
+    b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"x": "\xff' + b"a" * 3000 + b'"}}]}',
     b'{"other": 1, "traceEvents": [' + b'[' * 5000 + b']' * 5000 + b']}',
 ], ids=["trailing-comma", "number-overflow", "not-utf8-args", "not-utf8-name", "not-utf8-cat",
-        "deep"])
+        "not-utf8-promoted", "not-utf8-long-args", "deep"])
 def test_a_trace_the_typed_path_cannot_read_gets_the_reference_verdict(
         trace: bytes, tmp_path: Path, monkeypatch) -> None:
     p = tmp_path / "t.json"
