@@ -45,6 +45,11 @@ def _first_wait(run_dir: Path | str) -> None:
         raise RunDirError(f"no such directory: {run_dir}")
 
 
+SETTLE_READS = 20
+"""Reads (0.5 s apart at most) a watch waits for run.json to catch up with ranks that have
+ended, before it ends on what it has."""
+
+
 def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float,
                   say: Echo, note: Echo, overrides: Any = None, config_file: Any = None,
                   sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, Any], bool]:
@@ -55,6 +60,7 @@ def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float
     seen: set[tuple[str, str | None]] = set()
     note(f"watching {run_dir} every {interval_s:g} s (Ctrl-C stops)")
     waiting = False
+    settle = SETTLE_READS
     while True:
         snap = _snapshot(run_dir, overrides, config_file)
         if snap is None:
@@ -77,6 +83,13 @@ def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float
                 f"{f['title']}" + (f"  [{where}]" if where else ""))
             if fail_on and severity_rank(f["severity"]) >= severity_rank(fail_on):
                 reached = True
+        if not alive and not reached and summary["run"]["status"] == "running" \
+                and not summary["run"].get("killed") and settle > 0:
+            # the ranks' files say they ended, run.json does not say so yet (its final
+            # write comes right after): read again rather than end on a half-written state
+            settle -= 1
+            sleep(min(interval_s, 0.5))
+            continue
         if reached or not alive:
             if not alive:
                 note(f"the run is no longer in progress ({summary['run']['status']})")
