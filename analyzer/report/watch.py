@@ -32,7 +32,11 @@ def _snapshot(run_dir: Path | str, overrides: Any, config_file: Any
     if not is_url(str(run_dir)) and not (Path(run_dir) / "run.json").exists():
         return None  # (its folder may not exist yet either)
     with open_run(run_dir, allow_empty=True) as run:
-        return summary_of(Analysis(run, overrides, config_file=config_file)), run.in_progress
+        summary = summary_of(Analysis(run, overrides, config_file=config_file))
+    # In progress by the summary's own reading of the run ("killed" when a heartbeat is
+    # stale): a second read of the liveness could see ranks that ended after the summary
+    # was made, and the watch would end on a summary that still says "running".
+    return summary, summary["run"]["status"] == "running"
 
 
 def _first_wait(run_dir: Path | str) -> None:
@@ -45,11 +49,6 @@ def _first_wait(run_dir: Path | str) -> None:
         raise RunDirError(f"no such directory: {run_dir}")
 
 
-SETTLE_READS = 20
-"""Reads (0.5 s apart at most) a watch waits for run.json to catch up with ranks that have
-ended, before it ends on what it has."""
-
-
 def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float,
                   say: Echo, note: Echo, overrides: Any = None, config_file: Any = None,
                   sleep: Callable[[float], None] = time.sleep) -> tuple[dict[str, Any], bool]:
@@ -60,7 +59,6 @@ def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float
     seen: set[tuple[str, str | None]] = set()
     note(f"watching {run_dir} every {interval_s:g} s (Ctrl-C stops)")
     waiting = False
-    settle = SETTLE_READS
     while True:
         snap = _snapshot(run_dir, overrides, config_file)
         if snap is None:
@@ -83,13 +81,6 @@ def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float
                 f"{f['title']}" + (f"  [{where}]" if where else ""))
             if fail_on and severity_rank(f["severity"]) >= severity_rank(fail_on):
                 reached = True
-        if not alive and not reached and summary["run"]["status"] == "running" \
-                and not summary["run"].get("killed") and settle > 0:
-            # the ranks' files say they ended, run.json does not say so yet (its final
-            # write comes right after): read again rather than end on a half-written state
-            settle -= 1
-            sleep(min(interval_s, 0.5))
-            continue
         if reached or not alive:
             if not alive:
                 note(f"the run is no longer in progress ({summary['run']['status']})")

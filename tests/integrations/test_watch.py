@@ -109,24 +109,28 @@ def test_watching_a_folder_that_does_not_exist_is_one_line(tmp_path: Path) -> No
 
 def test_a_watch_reads_again_when_the_ranks_ended_before_run_json_says_so(
         tmp_path: Path, monkeypatch) -> None:
-    """The summary and the liveness are two reads: a rank can finish between them, so the
-    last snapshot says "running" while the run is no longer in progress. The watch reads
-    again (bounded) instead of ending on that half-written state, as it did 1 time in 3."""
+    """The summary and the liveness were two reads: a rank could finish between them, so the
+    last snapshot said "running" while the run was no longer in progress, and the watch
+    ended on it (1 time in 3). In progress now comes from the summary's own reading: a
+    summary made while the run still ran keeps the watch going, and it ends on the next."""
+    import shutil
+
     from tracealyze.analyzer.report import watch
 
-    (tmp_path / "run.json").write_text("{}")
-    states = iter([({"findings": [], "run": {"status": "running"}}, False),
-                   ({"findings": [], "run": {"status": "running"}}, False),
-                   ({"findings": [], "run": {"status": "completed"}}, False)])
-    monkeypatch.setattr(watch, "_snapshot", lambda *a: next(states))
+    run = tmp_path / "run"  # a completed run ...
+    shutil.copytree(Path(__file__).parents[2] / "sample_traces" / "exploding_gradients", run)
+    real = watch.summary_of
+    calls = iter([True, True, False])
+
+    def summary_made_while_running(analysis):  # ... whose first summaries predate its end
+        out = real(analysis)
+        if next(calls):
+            out["run"]["status"] = "running"
+        return out
+
+    monkeypatch.setattr(watch, "summary_of", summary_made_while_running)
     notes: list[str] = []
-    summary, reached = watch.watch_summary(tmp_path, fail_on=None, interval_s=0.5,
-                                           say=print, note=notes.append, sleep=lambda s: None)
+    summary, reached = watch.watch_summary(run, fail_on=None, interval_s=0.5, say=lambda s: None,
+                                           note=notes.append, sleep=lambda s: None)
     assert summary["run"]["status"] == "completed" and not reached
     assert notes[-1] == "the run is no longer in progress (completed)"
-    # a run that never settles (its writer died between the two writes) still ends
-    monkeypatch.setattr(watch, "_snapshot",
-                        lambda *a: ({"findings": [], "run": {"status": "running"}}, False))
-    summary, _ = watch.watch_summary(tmp_path, fail_on=None, interval_s=0.5, say=print,
-                                     note=notes.append, sleep=lambda s: None)
-    assert summary["run"]["status"] == "running"
