@@ -33,8 +33,9 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from . import fields
 from .arrow_build import ints, numeric, strings, utf8
-from .fields import ARGS_MAX_BYTES, CAT_ALIASES, GPU_SIDE_CATS, NO_STREAM, args_json, to_int
+from .fields import ARGS_MAX_BYTES, CAT_ALIASES, GPU_SIDE_CATS, NO_STREAM, to_int
 
 
 class Event(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
@@ -126,7 +127,7 @@ def _args(raws: list[msgspec.Raw]) -> tuple[list[Promoted], pa.Array] | None:
             if r in (b"null", b"{}"):
                 rows[k] = None
             elif len(r) > ARGS_MAX_BYTES:
-                text = args_json(msgspec.json.decode(r))
+                text = fields.args_json(msgspec.json.decode(r))
                 rows[k] = None if text is None else text.encode("utf-8", "replace")
     except ValueError:  # (msgspec's Validation/DecodeError, UnicodeDecodeError)
         return None
@@ -199,7 +200,7 @@ def _names(raws: list[msgspec.Raw]) -> pa.Array | None:
     names = _values(raws)
     if names is None:
         return None
-    return strings([n if type(n) is str else ("" if n is None else str(n)) for n in names])
+    return strings([fields.name_text(n) for n in names])
 
 
 def convert(events: Events, start: int, schema: pa.Schema

@@ -84,21 +84,25 @@ def to_int(v: Any) -> int | None:
     return None
 
 
+def name_text(v: Any) -> str:
+    """An event's ``name`` as stored: itself when text, "" when missing, else its str()."""
+    return v if type(v) is str else ("" if v is None else str(v))
+
+
 def args_json(args: dict[str, Any]) -> str | None:
     """The ``args`` column's text for an event's args object: all of it (the promoted
     values are columns too, and stay here as the trace wrote them), compact; None when
     empty. Longer than ARGS_MAX_BYTES: its scalar values only."""
-    kept = args
-    if not kept:
+    if not args:
         return None
     try:
-        text = dumps(kept)
+        text = dumps(args)
     except (TypeError, ValueError, RecursionError):
         # nested past orjson's 255 levels: no profiler writes such args
         return None
     if len(text) > ARGS_MAX_BYTES:
         # Long input-shape lists and concrete inputs of big ops: keep the scalars only.
-        kept = {k: v for k, v in kept.items() if not isinstance(v, (list, dict))}
+        kept = {k: v for k, v in args.items() if not isinstance(v, (list, dict))}
         text = dumps(kept) if kept else ""
         if not text or len(text) > ARGS_MAX_BYTES:
             return None

@@ -57,7 +57,7 @@ class GuardedReader(io.RawIOBase):
         self.gzip = self._file.read(2) == b"\x1f\x8b"
         self._file.seek(0)
         self._src = Inflater(self._file, self.gzip, path)
-        self._buf = memoryview(b"")
+        self._piece, self._at = b"", 0  # the inflated piece being handed out, and where
         self._read_at = 0  # compressed bytes read when the current piece came out
         self.n = 0
         self.head = bytearray()
@@ -81,22 +81,20 @@ class GuardedReader(io.RawIOBase):
         if self.pushed:  # given back by the form check, already counted
             data, self.pushed = self.pushed, b""
             return data
-        if not self._buf:
+        if self._at >= len(self._piece):
             try:
-                piece, self._read_at = next(self._src, (b"", self._read_at))
+                self._piece, self._read_at = next(self._src, (b"", self._read_at))
             except (EOFError, OSError, zlib.error) as e:
                 if not self.gzip:
                     raise TraceError(f"cannot read trace {self.path}: {e}") from e
                 raise TraceError(f"trace {self.path} is a truncated or corrupt gzip file "
                                  f"({e})") from e
-            self._buf = memoryview(piece)
+            self._at = 0
         want = size if size and size > 0 else READ_SIZE
-        if want >= len(self._buf) and self._buf.obj is not None:
-            data, self._buf = bytes(self._buf) if self._buf.nbytes != len(self._buf.obj) \
-                else self._buf.obj, memoryview(b"")
-        else:
-            data = bytes(self._buf[:want])
-            self._buf = self._buf[want:]
+        # (a whole piece is handed out as it is: no copy on the usual 4 MB reads)
+        whole = self._at == 0 and want >= len(self._piece)
+        data = self._piece if whole else self._piece[self._at:self._at + want]
+        self._at += len(data)
         self.n += len(data)
         if self.max_depth is not None:
             self._check_depth(data)

@@ -127,18 +127,16 @@ def write_in_memory(first: pa.Table, trace_id_: str, out: Path) -> None:
     memory either)."""
     import pyarrow.parquet as pq
 
-    order = numeric(np.lexsort((_joined(first, "i", np_values),
-                                _joined(first, "ts_us", np_values))), pa.int64())
-    t = _final(first, trace_id_)
+    ts = _joined(first.column("ts_us"), np_values)
+    order = numeric(np.lexsort((_joined(first.column("i"), np_values), ts)), pa.int64())
+    t = _final(first, trace_id_, ts)
     with pq.ParquetWriter(out, t.schema, **WRITE_OPTIONS) as w:
         for a in range(0, max(len(order), 1), ROW_GROUP):
             w.write_table(t.take(order[a:a + ROW_GROUP]), row_group_size=ROW_GROUP)
 
 
-def _joined(t: pa.Table | pa.ChunkedArray, column: str | None,
-            f: Callable[[pa.Array], np.ndarray]) -> np.ndarray:
-    """``f`` of each chunk of a column (or of a chunked array), as one numpy array."""
-    col = t.column(column) if column is not None else t
+def _joined(col: pa.ChunkedArray, f: Callable[[pa.Array], np.ndarray]) -> np.ndarray:
+    """``f`` of each chunk of a column, as one numpy array."""
     parts = [f(c) for c in col.chunks]
     return np.concatenate(parts) if parts else np.zeros(0, bool)  # (no chunk: no rows)
 
@@ -149,20 +147,21 @@ def _correlations(arr: pa.Array) -> np.ndarray:
                     -1)
 
 
-def _final(first: pa.Table, trace_id_: str) -> pa.Table:
-    """The first-pass rows with their step and trace id, in file order."""
+def _final(first: pa.Table, trace_id_: str, ts: np.ndarray) -> pa.Table:
+    """The first-pass rows with their step and trace id, in file order (``ts``: their
+    times, as numpy)."""
     import pyarrow.compute as pc
 
     cat = first.column("cat")
-    gpu = _joined(pc.is_in(cat, value_set=strings(list(GPU_SIDE))), None, _mask)
-    launch = _joined(pc.is_in(cat, value_set=strings(list(LAUNCH))), None, _mask)
+    gpu = _joined(pc.is_in(cat, value_set=strings(list(GPU_SIDE))), _mask)
+    launch = _joined(pc.is_in(cat, value_set=strings(list(LAUNCH))), _mask)
     name = first.column("name")
-    spans = _joined(pc.match_substring_regex(name, _STEP_RE.pattern), None, _mask)
+    spans = _joined(pc.match_substring_regex(name, _STEP_RE.pattern), _mask)
     marks = np.flatnonzero(spans & ~gpu)
     step_rows = [(int(i), int(_STEP_RE.match(name[int(i)].as_py()).group(1))) for i in marks]
-    values, valid = steps_in_memory(step_rows, gpu, launch, _joined(first, "ts_us", np_values),
-                                    _joined(first, "dur_us", np_values),
-                                    _joined(first, "correlation", _correlations))
+    values, valid = steps_in_memory(step_rows, gpu, launch, ts,
+                                    _joined(first.column("dur_us"), np_values),
+                                    _joined(first.column("correlation"), _correlations))
     t = first.drop_columns(["i"])
     t = t.add_column(0, "step", numeric(values, pa.int64(), ~valid))
     return t.add_column(0, "trace_id", repeated(trace_id_, first.num_rows))

@@ -49,6 +49,7 @@ from .fields import (
     GPU_SIDE_CATS,
     NO_STREAM,
     args_json,
+    name_text,
     to_int,
     trace_id,
 )
@@ -155,8 +156,7 @@ def _convert(events: list[dict[str, Any]], start: int) -> pa.RecordBatch:
             a_json = args_json(args)
         idx.append(start + k)
         cats.append(cat)
-        name = e.get("name")
-        names.append(name if type(name) is str else ("" if name is None else str(name)))
+        names.append(name_text(e.get("name")))
         ts.append(t)
         dur.append(d)
         pid, tid = e.get("pid"), e.get("tid")
@@ -194,9 +194,8 @@ def stream_events(path: Path, out: Path, *, rank: int | None = None,
     bytes of rows goes into the Parquet file ``out`` (FIRST_PASS columns) and None is
     returned with its info; a smaller one stays in memory and is returned as one table over
     its batches (the second pass is then done in numpy: a small trace does not pay DuckDB's
-    start-up). The fast
-    path (:mod:`.chunks`, msgspec on chunks) is tried first; a trace it cannot cut is
-    read again with ijson. ``rank``: as for :func:`rank_of_trace`."""
+    start-up). The fast path (:mod:`.chunks`, msgspec on chunks) is tried first; a trace it
+    cannot cut is read again with ijson. ``rank``: as for :func:`rank_of_trace`."""
     for fast in (True, False):
         reader = GuardedReader(path, limits or Limits())
         try:
@@ -248,11 +247,9 @@ def _lists(reader: GuardedReader, fast: bool) -> tuple[Iterator[list[Any]], bool
 def _parse(data: bytes) -> list[Any]:
     """A chunk as typed events (:mod:`.columnar`), or as plain JSON values where they are
     not all objects. ValueError: not JSON."""
-    import msgspec
-
     try:
         return columnar.decode(data)
-    except msgspec.ValidationError:
+    except columnar.msgspec.ValidationError:
         return json_value(data)
     except RecursionError as e:  # (nested past ~1,000 levels: in the end, the ijson
         raise ValueError("nested too deeply") from e  # path and its depth guard judge it)
