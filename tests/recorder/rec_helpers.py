@@ -199,6 +199,19 @@ def cli_ok(*args: str) -> str:
     return res.output
 
 
+# Detectors that read the clock or the machine (step durations, data waits, profiles, RSS):
+# two recordings of the same seeded run differ there by the machine's load (a busy CI
+# machine makes one 6 ms step 25 ms: an info step_time_outlier on one side only)
+MEASURED = frozenset({"step_time_outlier", "straggler", "dataloader_bottleneck", "gpu_idle",
+                      "host_sync", "top_ops", "memory_leak", "cuda_fragmentation"})
+
+
+def _numeric_findings(summary: dict[str, Any]) -> list[str]:
+    """The ids of a summary's findings that are functions of the training's own numbers
+    (losses, gradients, parameters), which a seeded run reproduces exactly."""
+    return [f["id"] for f in summary["findings"] if f["id"] not in MEASURED]
+
+
 def check_store_run(url: str, tmp_path: Path) -> None:
     """Record a small run to the store ``url`` and the same run locally: the store's reads
     as the local one (steps, status, findings, losses bit for bit), the spool is emptied,
@@ -212,7 +225,7 @@ def check_store_run(url: str, tmp_path: Path) -> None:
     local = json.loads(cli_ok("summary", str(tmp_path / "local"), "--json"))
     assert remote["run"]["steps"] == local["run"]["steps"] == 40
     assert remote["run"]["status"] == "completed"
-    assert [f["id"] for f in remote["findings"]] == [f["id"] for f in local["findings"]]
+    assert _numeric_findings(remote) == _numeric_findings(local)
     sql = "SELECT sum(loss), count(*) FROM steps"
     assert cli_ok("query", url, sql, "--format", "csv") == \
         cli_ok("query", str(tmp_path / "local"), sql, "--format", "csv")  # bit for bit
