@@ -2,14 +2,40 @@
 
 ``pa.array`` checks every input against pandas types, and so imports pandas whenever it is
 installed: 0.3 s of a command's start-up (``import-trace`` of a small trace took 0.45 s, two
-thirds of it that import). These builders hand Arrow the buffers directly."""
+thirds of it that import). These builders hand Arrow the buffers directly.
+
+Likewise the few compute kernels the ingest needs go through :func:`call`, not the
+``pyarrow.compute`` module (nor the methods, such as ``Table.take``, that import it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+
+def call(name: str, *args: Any, options: Any = None) -> Any:
+    """Arrow's compute function ``name`` over ``args``, through the compiled dispatcher that
+    ``pyarrow.compute`` is built on. Importing ``pyarrow.compute`` itself makes a Python
+    wrapper and a parsed docstring for each of its ~300 functions (and imports pydoc): 30 ms,
+    a seventh of a small trace's whole import."""
+    try:
+        from pyarrow._compute import call_function
+    except ImportError:  # (a pyarrow that moved it: the public spelling, and its import)
+        from pyarrow.compute import call_function
+    return call_function(name, list(args), options)
+
+
+def compute_options(kind: str, **kw: Any) -> Any:
+    """An options object of ``pyarrow.compute`` (``kind``: its class name), without the
+    module's import."""
+    try:
+        import pyarrow._compute as mod
+    except ImportError:
+        import pyarrow.compute as mod
+    return getattr(mod, kind)(**kw)
 
 
 def _validity(missing: np.ndarray) -> tuple[pa.Buffer | None, int]:
@@ -61,10 +87,14 @@ def strings(values: Sequence[str | None]) -> pa.Array:
     return utf8([None if v is None else v.encode("utf-8", "replace") for v in values])
 
 
-def utf8(values: Sequence[bytes | None]) -> pa.Array:
-    """Strings from their UTF-8 bytes, None as null (the bytes are not checked here)."""
+def utf8(values: Sequence[bytes | None], missing: np.ndarray | None = None) -> pa.Array:
+    """Strings from their UTF-8 bytes, None as null (the bytes are not checked here).
+    ``missing``: the nulls, given where the caller knows them (then ``values`` holds
+    ``b""`` for each, not None)."""
     n = len(values)
-    if None in values:
+    if missing is not None:
+        enc = values
+    elif None in values:
         missing = np.array([v is None for v in values], dtype=bool)
         enc = [b"" if v is None else v for v in values]
     else:
@@ -76,12 +106,13 @@ def utf8(values: Sequence[bytes | None]) -> pa.Array:
     valid, nulls = _validity(missing)
     arr = pa.Array.from_buffers(typ, n, [valid, pa.py_buffer(off), pa.py_buffer(b"".join(enc))],
                                 null_count=nulls)
-    return arr if typ == pa.string() else arr.cast(pa.string())
+    return arr if typ == pa.string() else call("cast", arr, options=compute_options(
+        "CastOptions", target_type=pa.string()))
 
 
 def repeated(value: str, n: int) -> pa.Array:
     """``value`` ``n`` times (a constant column)."""
-    return strings([value]).take(numeric(np.zeros(n, np.int64), pa.int64()))
+    return call("take", strings([value]), numeric(np.zeros(n, np.int64), pa.int64()))
 
 
 def values(arr: pa.Array) -> np.ndarray:

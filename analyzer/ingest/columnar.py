@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import fields
-from .arrow_build import ints, numeric, strings, utf8
+from .arrow_build import call, ints, numeric, strings, utf8
 from .fields import ARGS_MAX_BYTES, CAT_ALIASES, GPU_SIDE_CATS, NO_STREAM, to_int
 
 
@@ -121,17 +121,19 @@ def _args(raws: list[msgspec.Raw]) -> tuple[list[Promoted], pa.Array] | None:
         promoted = _PROMOTED.decode(joined)
         rows: list[Any] = _RAWS.decode(msgspec.json.format(joined, indent=-1))
         lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+        missing = np.zeros(len(rows), dtype=bool)
         # null, {} and args long enough to be cut to their scalars: looked at one by one
         for k in np.flatnonzero((lengths <= 4) | (lengths > ARGS_MAX_BYTES)).tolist():
             r = bytes(rows[k])
             if r in (b"null", b"{}"):
-                rows[k] = None
+                rows[k], missing[k] = b"", True
             elif len(r) > ARGS_MAX_BYTES:
                 text = fields.args_json(msgspec.json.decode(r))
-                rows[k] = None if text is None else text.encode("utf-8", "replace")
+                rows[k] = b"" if text is None else text.encode("utf-8", "replace")
+                missing[k] = text is None
     except ValueError:  # (msgspec's Validation/DecodeError, UnicodeDecodeError)
         return None
-    arr = utf8(rows)
+    arr = utf8(rows, missing)
     try:
         arr.validate(full=True)  # (the raw bytes were never decoded: UTF-8 is checked here)
     except pa.ArrowInvalid:
@@ -183,7 +185,7 @@ def _categories(raws: list[msgspec.Raw]) -> tuple[pa.Array, list[bool]] | None:
             return None
         cats = [CAT_ALIASES.get(c, c) for c in cats]
         return strings(cats), [c in GPU_SIDE_CATS for c in cats]
-    enc = arr.dictionary_encode()  # (a handful of distinct values)
+    enc = call("dictionary_encode", arr)  # (a handful of distinct values)
     names = enc.dictionary.to_pylist()
     mapped = [CAT_ALIASES.get(c, c) for c in names]
     if mapped != names:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..sql.safe import execute_one, literal, lock, one_statement, sandbox
-from .arrow_build import numeric, repeated, strings
+from .arrow_build import call, compute_options, numeric, repeated, strings
 from .arrow_build import values as np_values
 from .fields import GPU_SIDE_CATS, LAUNCH_CATS
 
@@ -132,7 +132,8 @@ def write_in_memory(first: pa.Table, trace_id_: str, out: Path) -> None:
     t = _final(first, trace_id_, ts)
     with pq.ParquetWriter(out, t.schema, **WRITE_OPTIONS) as w:
         for a in range(0, max(len(order), 1), ROW_GROUP):
-            w.write_table(t.take(order[a:a + ROW_GROUP]), row_group_size=ROW_GROUP)
+            w.write_table(call("take", t, order[a:a + ROW_GROUP]),
+                          row_group_size=ROW_GROUP)
 
 
 def _joined(col: pa.ChunkedArray, f: Callable[[pa.Array], np.ndarray]) -> np.ndarray:
@@ -150,13 +151,12 @@ def _correlations(arr: pa.Array) -> np.ndarray:
 def _final(first: pa.Table, trace_id_: str, ts: np.ndarray) -> pa.Table:
     """The first-pass rows with their step and trace id, in file order (``ts``: their
     times, as numpy)."""
-    import pyarrow.compute as pc
-
     cat = first.column("cat")
-    gpu = _joined(pc.is_in(cat, value_set=strings(list(GPU_SIDE))), _mask)
-    launch = _joined(pc.is_in(cat, value_set=strings(list(LAUNCH))), _mask)
+    gpu = _joined(_is_in(cat, GPU_SIDE), _mask)
+    launch = _joined(_is_in(cat, LAUNCH), _mask)
     name = first.column("name")
-    spans = _joined(pc.match_substring_regex(name, _STEP_RE.pattern), _mask)
+    spans = _joined(call("match_substring_regex", name, options=compute_options(
+        "MatchSubstringOptions", pattern=_STEP_RE.pattern)), _mask)
     marks = np.flatnonzero(spans & ~gpu)
     step_rows = [(int(i), int(_STEP_RE.match(name[int(i)].as_py()).group(1))) for i in marks]
     values, valid = steps_in_memory(step_rows, gpu, launch, ts,
@@ -165,6 +165,11 @@ def _final(first: pa.Table, trace_id_: str, ts: np.ndarray) -> pa.Table:
     t = first.drop_columns(["i"])
     t = t.add_column(0, "step", numeric(values, pa.int64(), ~valid))
     return t.add_column(0, "trace_id", repeated(trace_id_, first.num_rows))
+
+
+def _is_in(col: pa.ChunkedArray, values: tuple[str, ...]) -> pa.ChunkedArray:
+    return call("is_in", col, options=compute_options("SetLookupOptions",
+                                                      value_set=strings(list(values))))
 
 
 def _bits(buf: pa.Buffer, n: int) -> np.ndarray:
