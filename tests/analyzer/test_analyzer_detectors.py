@@ -283,6 +283,38 @@ def test_step_time_outliers(tmp_path):
     assert g["severity"] == "info"
 
 
+def test_slow_steps_waiting_for_data_every_epoch_are_named_as_such(tmp_path):
+    # a DataLoader without persistent workers: the first batch of each 50-step epoch waits
+    # ~1.9 s for the workers to start again
+    d, w = np.full(300, 0.1), np.full(300, 0.01)
+    d[50::50], w[50::50] = 2.0, 1.91
+    (f,) = found(make_run(tmp_path, steps=300, duration=d, data_wait=w), "step_time_outlier")
+    assert f["evidence"]["outlier_steps"] == [50, 100, 150, 200, 250]
+    assert f["evidence"]["period_steps"] == 50
+    assert f["evidence"]["extra_data_wait_s"] == pytest.approx(5 * 1.9)
+    assert "waiting for the next batch" in f["message"]
+    assert "every 50 steps" in f["message"] and "persistent_workers" in f["message"]
+
+
+def test_periodic_slow_steps_with_no_data_wait_point_at_a_periodic_job(tmp_path):
+    d = np.full(300, 0.1)
+    d[60::60] = 2.5  # a checkpoint every 60 steps: compute, not input
+    (f,) = found(make_run(tmp_path, steps=300, duration=d, data_wait=0.01),
+                 "step_time_outlier")
+    assert f["evidence"]["period_steps"] == 60
+    assert "every 60 steps" in f["message"] and "checkpoint" in f["message"]
+    assert "next batch" not in f["message"] and "persistent_workers" not in f["message"]
+
+
+def test_irregular_slow_steps_name_no_period_nor_data_stall(tmp_path):
+    d, w = np.full(200, 0.1), np.full(200, 0.01)
+    d[[50, 51, 120]] = 3.0
+    w[[50, 51, 120]] = 0.3  # a tenth of the extra time: not a data stall
+    (f,) = found(make_run(tmp_path, steps=200, duration=d, data_wait=w), "step_time_outlier")
+    assert f["evidence"]["period_steps"] is None
+    assert "every" not in f["message"] and "next batch" not in f["message"]
+
+
 @pytest.mark.parametrize(("cores", "cpu", "proc", "severity"), [
     (2, 95.0, 100.0, "info"),     # another job holds ~0.9 of 2 cores all run long
     (2, 55.0, 100.0, "warning"),  # the training alone: others hold 0.1 core

@@ -39,7 +39,9 @@ DOC = {
             "≥ min_excess_s seconds, and the machine was not busy with other work during "
             "the slow steps (system table CPU ≥ busy_cpu_percent and 20 points above its "
             "median, or other processes using ≥ others_cores cores then). Steps "
-            "where the recorder computed full statistics or profiled are not judged.",
+            "where the recorder computed full statistics or profiled are not judged. The "
+            "message says when most of the slow steps' extra time was data wait, and when "
+            "3 or more come exactly N steps apart.",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
 }
@@ -64,7 +66,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             ends = d["time"][sel][out]
             best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
                     "steps": step[out], "durs": dur[out], "ends": ends,
-                    "threshold": rule["threshold"]}
+                    "threshold": rule["threshold"],
+                    "waits": _extra_wait(d["data_wait_s"][sel], out)}
     if best is None:
         return []
     busy = _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores))
@@ -72,6 +75,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
            and best["excess"] >= th.min_excess_s and busy is None else "info")
     n = len(best["steps"])
     i = int(np.argmax(best["durs"]))
+    cause, period = _cause(best)
     return [Finding(
         id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=int(best["steps"][0]),
         title=f"{n} slow step{'s' if n > 1 else ''} (up to {best['durs'][i] / best['med']:.1f}×"
@@ -79,7 +83,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         message=(f"{n} step(s) on rank {best['rank']} took far longer than the median "
                  f"{1e3 * best['med']:.1f} ms (the slowest, step {int(best['steps'][i])}, "
                  f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
-                 f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)."
+                 f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)." + cause
                  + (f" The machine was busy with other work meanwhile (CPU {busy[0]:.0f}% "
                     f"during the slow steps, {busy[1]:.0f}% typically): likely not the "
                     "training's own stall." if busy is not None else "")),
@@ -89,7 +93,41 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                   "threshold_s": best["threshold"],
                   "max_s": float(best["durs"][i]), "excess_s": best["excess"],
                   "time_share": best["share"], "rank": best["rank"],
+                  "extra_data_wait_s": best["waits"], "period_steps": period,
                   "machine_cpu_pct_during": busy[0] if busy else None})]
+
+
+def _extra_wait(wait: np.ndarray, out: np.ndarray) -> float | None:
+    """How much longer the slow steps waited for their batch than the typical step did
+    (seconds, summed); None where the run has no data-wait times."""
+    if not np.isfinite(wait[out]).any() or not np.isfinite(wait[~out]).any():
+        return None
+    typical = float(np.nanmedian(wait[~out]))
+    return float(np.nansum(np.maximum(wait[out] - typical, 0.0)))
+
+
+def _cause(best: dict[str, Any]) -> tuple[str, int | None]:
+    """What the slow steps have in common, as a sentence (or ""), and their period: where
+    most of their extra time was spent waiting for the batch, the input pipeline stalled,
+    not the model; where 3 or more come exactly N steps apart, the cause is periodic (a
+    stall every epoch or every N steps is a schedule, not chance)."""
+    steps = best["steps"]
+    gaps = np.diff(steps)
+    period = int(gaps[0]) if len(steps) >= 3 and gaps[0] > 1 and (gaps == gaps[0]).all() \
+        else None
+    data = best["waits"] is not None and best["waits"] >= 0.5 * best["excess"]
+    text = ""
+    if data:
+        text += (f" {best['waits']:.1f} s of it was spent waiting for the next batch: the "
+                 "input pipeline stalled there, not the model.")
+    if period is not None:
+        text += f" They come every {period} steps"
+        text += (": likely the DataLoader starting its worker processes again at each "
+                 "epoch (persistent_workers=True keeps them), or a periodic job that "
+                 "reads data." if data else
+                 ": a periodic cause (a checkpoint, an evaluation or logging every "
+                 f"{period} steps, or the epoch boundary).")
+    return text, period
 
 
 def _machine_busy(ctx: Context, best: dict[str, Any], limit: float, others_cores: float
