@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tracealyze.format.parts import MAX_RANK
-
 from ..errors import TraceError
 from .fields import to_int
 
@@ -98,6 +96,8 @@ def rank_of_trace(path: Path, meta: dict[str, Any], rank: int | None = None) -> 
         if rank is None:
             rank = rank_in_name(path)
         rank = rank if rank is not None else 0
+    from tracealyze.format.parts import MAX_RANK  # (4 ms of start-up: imported here)
+
     if not 0 <= rank <= MAX_RANK:
         raise TraceError(f"trace {path} has rank {rank}: a rank must be between 0 and "
                          f"{MAX_RANK}")

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..sql.safe import execute_one, literal, lock, one_statement, sandbox
 from .arrow_build import call, compute_options, numeric, repeated, strings
 from .arrow_build import values as np_values
 from .fields import GPU_SIDE_CATS, LAUNCH_CATS
@@ -77,6 +76,7 @@ def write_final(con: Any, src: str, out: Path, trace_id_: str) -> None:
     differ in schema by their data."""
     import pyarrow.parquet as pq
 
+    from ..sql.safe import literal, one_statement
     from .fields import TRACE_EVENTS_SCHEMA
 
     schema = TRACE_EVENTS_SCHEMA.remove(TRACE_EVENTS_SCHEMA.get_field_index("rank"))
@@ -101,6 +101,8 @@ def assign_steps(first: Path, out: Path, trace_id_: str, tmp_dir: Path) -> None:
     ``tmp_dir``: only the last stage touches the wide rows (names, args), and it is a join
     with a narrow table and a sort, both of which spill."""
     import duckdb
+
+    from ..sql.safe import execute_one, literal, lock, sandbox
 
     con = duckdb.connect(str(tmp_dir / "steps.duckdb"))
     try:

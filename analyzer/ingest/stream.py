@@ -31,6 +31,7 @@ import gc
 import io
 import json
 import re
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,8 +73,6 @@ def edge_meta(head: bytes, tail: bytes, path: Path | None = None) -> dict[str, A
     top-level keys before ``traceEvents`` are parsed from the head; keys written after it
     are looked up in the tail. Bytes nested past MAX_DEPTH are refused before any parser
     sees them (TraceError): the fast path never parsed the head."""
-    import ijson
-
     meta: dict[str, Any] = {}
     cut = head.find(b'"traceEvents"')
     if cut >= 0:  # (not the events themselves: only what comes before them)
@@ -85,6 +84,8 @@ def edge_meta(head: bytes, tail: bytes, path: Path | None = None) -> dict[str, A
         whole = json.loads(bytes(head).rstrip().rstrip(b",") + b"}")
         meta.update(whole if isinstance(whole, dict) else {})
     except ValueError:  # no traceEvents in the head, or a key after it: read what parses
+        import ijson
+
         try:
             for key, value in ijson.kvitems(io.BytesIO(bytes(head)), "", use_float=True):
                 if key == "traceEvents":
@@ -98,6 +99,8 @@ def edge_meta(head: bytes, tail: bytes, path: Path | None = None) -> dict[str, A
         at = tail.rfind(f'"{key}"'.encode())
         if at < 0:
             continue
+        import ijson
+
         try:
             for k, v in ijson.kvitems(io.BytesIO(b"{" + tail[at:]), "", use_float=True):
                 if k == key:
@@ -222,8 +225,6 @@ def _ingested(reader: GuardedReader, path: Path, meta: dict[str, Any], rank: int
 
 def _lists(reader: GuardedReader, fast: bool) -> tuple[Iterator[list[Any]], bool]:
     """The trace's events as lists (chunks), and whether it is the bare array form."""
-    import ijson
-
     first = b""
     while not first.strip():
         chunk = reader.read(READ_SIZE)
@@ -236,6 +237,8 @@ def _lists(reader: GuardedReader, fast: bool) -> tuple[Iterator[list[Any]], bool
                          "Chrome/Kineto trace)")
     if fast:
         return chunked_events(reader, first, _parse), lead == b"["
+    import ijson  # (2 ms of start-up: only the traces that cannot be cut need it)
+
     reader.max_depth = MAX_DEPTH
     reader._check_depth(first)  # already read, before the guard was set
     reader.pushed = first
@@ -253,6 +256,12 @@ def _parse(data: bytes) -> list[Any]:
         return json_value(data)
     except RecursionError as e:  # (nested past ~1,000 levels: in the end, the ijson
         raise ValueError("nested too deeply") from e  # path and its depth guard judge it)
+
+
+def _json_error(e: BaseException) -> bool:
+    """Is ``e`` ijson's verdict on broken JSON? (ijson is imported only where it is used.)"""
+    ijson = sys.modules.get("ijson")
+    return ijson is not None and isinstance(e, ijson.JSONError)
 
 
 def _batched(items: Iterator[Any]) -> Iterator[list[Any]]:
@@ -287,8 +296,6 @@ def _to_batch(events: list[Any], pos: int) -> tuple[pa.RecordBatch, int]:
 
 def _first_pass(reader: GuardedReader, out: Path, fast: bool
                 ) -> tuple[int, pa.Table | None, bool]:
-    import ijson
-
     n = pos = held_bytes = 0
     writer: pq.ParquetWriter | None = None
     held: list[pa.RecordBatch] = []  # converted batches, until the trace outgrows IN_MEMORY
@@ -314,7 +321,9 @@ def _first_pass(reader: GuardedReader, out: Path, fast: bool
                     for h in held:
                         writer.write_batch(h)
                     held = []
-        except ijson.JSONError as e:
+        except Exception as e:
+            if not _json_error(e):
+                raise
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise TraceError(f"trace {reader.path} is not valid JSON (truncated or not a "
                              f"Chrome/Kineto trace): {first}") from e
