@@ -45,7 +45,15 @@ def not_checked(run: Run, detectors: Iterable[ModuleType]) -> list[dict[str, Any
                     "how": how})
 
     if not steps:
-        add("everything", "no steps were recorded", "call rec.step() once per optimizer step")
+        if run.files.get("trace_events"):  # imported traces only: those were checked
+            out.append({"check": "loss, gradients, memory, data loading and step time",
+                        "detectors": sorted({d for c in CHECKS for d in needed.get(c, [])}),
+                        "why": "this run holds profiler traces but no recorded steps",
+                        "how": "record the training with tracealyze.recorder, or run it "
+                               "under `tracealyze record`"})
+        else:
+            add("everything", "no steps were recorded",
+                "call rec.step() once per optimizer step")
         return out
     if losses < MIN_LOSSES:
         why = ("no loss was recorded" if not losses_any else

@@ -238,3 +238,41 @@ def test_deep_nesting_inside_an_event_is_read_or_refused_never_a_crash(
         assert res.stdout.strip() == "2"
     elif depth > 1024:
         assert "more than 1024 levels deep" in res.stdout
+
+
+def test_same_rows_on_a_real_profile_of_a_transformer_with_every_option(
+        tmp_path: Path, monkeypatch) -> None:
+    """torch.profiler's own trace of a few GPT-2 training steps (a small config) with shapes,
+    memory, stacks, FLOPs and modules recorded: Python-function events, allocator instants,
+    module hierarchy and FLOP args that no generator of ours writes."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128,
+                                  n_positions=32)
+    model = transformers.GPT2LMHeadModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 128, (2, 16))
+    out = tmp_path / "gpt2.pt.trace.json"
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
+                 with_stack=True, with_flops=True, with_modules=True,
+                 schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(out))) as prof:
+        for _ in range(3):
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+    trace = json.loads(out.read_text())
+    cats = {e.get("cat") for e in trace["traceEvents"]}
+    assert {"python_function", "cpu_instant_event", "cpu_op"} <= cats  # what makes it real
+    typed, ref, info, converted = _both(out, tmp_path, monkeypatch)
+    assert converted and all(converted)
+    assert_same_rows(typed, ref)
+    steps = set(typed["step"].to_pylist()) - {None}
+    assert len(steps) == 2 and info.events == typed.num_rows > 1000
+    memory = [a for n, a in zip(typed["name"].to_pylist(), typed["args"].to_pylist(),
+                                strict=True) if n == "[memory]"]
+    assert memory and all("Bytes" in json.loads(a) for a in memory)

@@ -39,6 +39,23 @@ def test_import_into_a_new_directory_makes_a_minimal_run(tmp_path: Path) -> None
     assert (kept / "traces" / "rank=0" / SAMPLED.name).read_bytes() == SAMPLED.read_bytes()
 
 
+def test_a_run_of_imported_traces_says_what_it_could_not_check_without_everything(
+        tmp_path: Path) -> None:
+    """Its traces were checked (top ops, GPU idle): only the training's own signals were
+    not, and recording the training is what would check them."""
+    from tracealyze.analyzer.diagnosis.summary import build_summary, render_text
+
+    import_traces([SAMPLED], tmp_path / "run")
+    summary = build_summary(tmp_path / "run")
+    (gap,) = summary["not_checked"]
+    assert gap["check"] != "everything" and "loss" in gap["check"]
+    assert "profiler traces" in gap["why"] and "recorder" in gap["how"]
+    assert {"loss_divergence", "step_time_outlier", "memory_leak"} <= set(gap["detectors"])
+    assert "top_ops" not in gap["detectors"]  # (checked: it reads the traces)
+    text = render_text(summary)
+    assert "Not checked: everything" not in text and "rec.step()" not in text
+
+
 def test_reimport_is_skipped_and_new_traces_take_the_next_part(tmp_path: Path) -> None:
     run = tmp_path / "run"
     import_traces([ROCM], run)
