@@ -122,9 +122,9 @@ def _cause(best: dict[str, Any]) -> tuple[str, int | None]:
                  "input pipeline stalled there, not the model.")
     if period is not None:
         text += f" They come every {period} steps"
-        text += (": likely the DataLoader starting its worker processes again at each "
-                 "epoch (persistent_workers=True keeps them), or a periodic job that "
-                 "reads data." if data else
+        text += (": likely the DataLoader restarting at each epoch (its worker processes "
+                 "start again unless persistent_workers=True, and the first batches load "
+                 "before training goes on), or a periodic job that reads data." if data else
                  ": a periodic cause (a checkpoint, an evaluation or logging every "
                  f"{period} steps, or the epoch boundary).")
     return text, period
