@@ -40,17 +40,18 @@ def not_checked(run: Run, detectors: Iterable[ModuleType]) -> list[dict[str, Any
     (losses_any,) = con.execute("SELECT count(loss) FROM steps").fetchone()
     out: list[dict[str, Any]] = []
 
-    def add(check: str, why: str, how: str) -> None:
-        out.append({"check": check, "detectors": needed.get(check, []), "why": why,
-                    "how": how})
+    def add(check: str, why: str, how: str, detectors: list[str] | None = None) -> None:
+        out.append({"check": check,
+                    "detectors": needed.get(check, []) if detectors is None else detectors,
+                    "why": why, "how": how})
 
     if not steps:
         if run.files.get("trace_events"):  # imported traces only: those were checked
-            out.append({"check": "loss, gradients, memory, data loading and step time",
-                        "detectors": sorted({d for c in CHECKS for d in needed.get(c, [])}),
-                        "why": "this run holds profiler traces but no recorded steps",
-                        "how": "record the training with tracealyze.recorder, or run it "
-                               "under `tracealyze record`"})
+            add("loss, gradients, memory, data loading and step time",
+                "this run holds profiler traces but no recorded steps",
+                "record the training with tracealyze.recorder, or run it under "
+                "`tracealyze record`",
+                sorted({d for c in CHECKS for d in needed.get(c, [])}))
         else:
             add("everything", "no steps were recorded",
                 "call rec.step() once per optimizer step")

@@ -16,26 +16,27 @@ import numpy as np
 import pyarrow as pa
 
 
-def call(name: str, *args: Any, options: Any = None) -> Any:
-    """Arrow's compute function ``name`` over ``args``, through the compiled dispatcher that
-    ``pyarrow.compute`` is built on. Importing ``pyarrow.compute`` itself makes a Python
-    wrapper and a parsed docstring for each of its ~300 functions (and imports pydoc): 30 ms,
-    a seventh of a small trace's whole import."""
+def _compute() -> Any:
+    """The compiled module ``pyarrow.compute`` is built on. Importing ``pyarrow.compute``
+    itself makes a Python wrapper and a parsed docstring for each of its ~300 functions
+    (and imports pydoc): 30 ms, a seventh of a small trace's whole import."""
     try:
-        from pyarrow._compute import call_function
-    except ImportError:  # (a pyarrow that moved it: the public spelling, and its import)
-        from pyarrow.compute import call_function
-    return call_function(name, list(args), options)
+        import pyarrow._compute as mod
+    except ImportError:  # (a pyarrow that moved it: the public module, and its import)
+        import pyarrow.compute as mod
+    return mod
+
+
+def call(name: str, *args: Any, options: Any = None) -> Any:
+    """Arrow's compute function ``name`` over ``args``, without importing
+    ``pyarrow.compute`` (:func:`_compute`)."""
+    return _compute().call_function(name, list(args), options)
 
 
 def compute_options(kind: str, **kw: Any) -> Any:
     """An options object of ``pyarrow.compute`` (``kind``: its class name), without the
     module's import."""
-    try:
-        import pyarrow._compute as mod
-    except ImportError:
-        import pyarrow.compute as mod
-    return getattr(mod, kind)(**kw)
+    return getattr(_compute(), kind)(**kw)
 
 
 def _validity(missing: np.ndarray) -> tuple[pa.Buffer | None, int]:
