@@ -306,6 +306,17 @@ def test_periodic_slow_steps_with_no_data_wait_point_at_a_periodic_job(tmp_path)
     assert "next batch" not in f["message"] and "persistent_workers" not in f["message"]
 
 
+def test_periodic_stalls_that_cost_nothing_that_matters_name_no_cause(tmp_path):
+    # 1 ms steps, 4 ms every 64 steps (the recorder's writer waking on a 2-core machine,
+    # in the matrix's healthy runs): periodic, but 20 ms in all is no schedule to report
+    d, w = np.full(320, 0.001), np.full(320, 1e-6)
+    d[59::64] = 0.005
+    (f,) = found(make_run(tmp_path, steps=320, duration=d, data_wait=w), "step_time_outlier")
+    assert f["severity"] == "info" and f["evidence"]["count"] == 5
+    assert f["evidence"]["period_steps"] is None
+    assert "every" not in f["message"] and "next batch" not in f["message"]
+
+
 def test_irregular_slow_steps_name_no_period_nor_data_stall(tmp_path):
     d, w = np.full(200, 0.1), np.full(200, 0.01)
     d[[50, 51, 120]] = 3.0

@@ -39,9 +39,12 @@ DOC = {
             "≥ min_excess_s seconds, and the machine was not busy with other work during "
             "the slow steps (system table CPU ≥ busy_cpu_percent and 20 points above its "
             "median, or other processes using ≥ others_cores cores then). Steps "
-            "where the recorder computed full statistics or profiled are not judged. The "
-            "message says when most of the slow steps' extra time was data wait, and when "
-            "3 or more come exactly N steps apart.",
+            "where the recorder computed full statistics or profiled are not judged. When "
+            "the outliers cost ≥ min_excess_s, the message says when most of their extra "
+            "time was data wait, and when 3 or more come exactly N steps apart (below that "
+            "they cost nothing that matters, and a few ms of periodic noise, such as the "
+            "recorder's writer waking every 64 queued items on a 2-core machine, is no "
+            "schedule of the training's to report).",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
 }
@@ -75,7 +78,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
            and best["excess"] >= th.min_excess_s and busy is None else "info")
     n = len(best["steps"])
     i = int(np.argmax(best["durs"]))
-    cause, period = _cause(best)
+    cause, period = _cause(best) if best["excess"] >= th.min_excess_s else ("", None)
     return [Finding(
         id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=int(best["steps"][0]),
         title=f"{n} slow step{'s' if n > 1 else ''} (up to {best['durs'][i] / best['med']:.1f}×"
