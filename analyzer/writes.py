@@ -9,9 +9,9 @@ below make that impossible by construction rather than by checking names one by 
   ``O_DIRECTORY | O_NOFOLLOW``; every file below it is reached relative to that descriptor
   (``dir_fd``), each sub-folder again with ``O_NOFOLLOW``. A folder swapped for a link after
   it was opened changes nothing: the descriptor still names the folder that was checked.
-  The path the *user* typed (``-o out/report.html``, ``--index PATH``) is theirs: its parent
-  folders are taken as they are, links included; only what is created inside is guarded, and
-  the last name itself is never a link.
+  The path the *user* typed (``-o out/report.html``, ``--index PATH``) is theirs: its
+  folders are taken as they are, links included; what is created inside is guarded, and the
+  file name itself is never a link.
 - **Temporary files are new files.** ``O_CREAT | O_EXCL | O_NOFOLLOW`` with a random name
   (never a pid, which an attacker can guess): a planted name makes the create fail, never
   write elsewhere.
@@ -76,9 +76,10 @@ class Dir:
 
     # -- opening -----------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path, *, create: bool = False) -> Dir:
-        """The folder ``path``, which the user named: its parents are taken as they are
-        (made when ``create``), the folder itself must not be a link."""
+    def open(cls, path: str | Path, *, create: bool = False, follow: bool = True) -> Dir:
+        """The folder ``path``, which the user named: taken as it is, links included (made
+        with its parents when ``create``); with ``follow=False`` the folder itself must not
+        be a link. What lies inside is reached only through :meth:`sub`, never followed."""
         path = Path(path)
         if create:
             try:
@@ -89,11 +90,10 @@ class Dir:
             except OSError as e:
                 raise OutputError(f"cannot create {path}: {_why(e)}") from None
         try:
-            fd = os.open(path, DIR_FLAGS)
+            fd = os.open(path, DIR_FLAGS if not follow else DIR_FLAGS & ~_NOFOLLOW)
         except OSError as e:
             raise OutputError(f"cannot write into {path}: " + (
-                "it is a symbolic link" if e.errno in (errno.ELOOP, errno.EMLINK)
-                else _why(e))) from None
+                "it is a symbolic link" if os.path.islink(path) else _why(e))) from None
         return cls(fd, path)
 
     def sub(self, name: str, *, create: bool = True, mode: int = 0o777) -> Dir:
@@ -110,9 +110,10 @@ class Dir:
         try:
             fd = os.open(name, DIR_FLAGS, dir_fd=self.fd)
         except OSError as e:
+            # (O_DIRECTORY|O_NOFOLLOW on a link fails with ENOTDIR on Linux, ELOOP elsewhere)
+            link = self.kind(name) == "link"
             raise OutputError(f"refusing to write into {self.path / name}: " + (
-                "it is a symbolic link" if e.errno in (errno.ELOOP, errno.EMLINK)
-                else _why(e))) from None
+                "it is a symbolic link" if link else _why(e))) from None
         return Dir(fd, self.path / name)
 
     def walk(self, *names: str, create: bool = True) -> Dir:
@@ -174,9 +175,12 @@ class Dir:
 
     # -- writing ---------------------------------------------------------------------------
     @contextlib.contextmanager
-    def new_file(self, name: str, mode: int = 0o644) -> Iterator[tuple[str, IO[bytes]]]:
+    def new_file(self, name: str, mode: int = 0o644, *, durable: bool = True
+                 ) -> Iterator[tuple[str, IO[bytes]]]:
         """A new temporary file beside ``name`` (``O_EXCL | O_NOFOLLOW``, random name):
-        ``(its name, a binary file)``. Removed again if the block raises."""
+        ``(its name, a binary file)``, flushed to disk at the end of the block when
+        ``durable`` (a cache that can be fetched again need not be). Removed again if the
+        block raises."""
         tmp = tmp_name(_check_name(name))
         try:
             fd = os.open(tmp, NEW_FILE_FLAGS, mode, dir_fd=self.fd)
@@ -186,9 +190,12 @@ class Dir:
             with os.fdopen(fd, "wb") as fh:
                 yield tmp, fh
                 fh.flush()
-                os.fsync(fh.fileno())  # on disk before the rename makes it visible
-        except BaseException:
+                if durable:
+                    os.fsync(fh.fileno())  # on disk before the rename makes it visible
+        except BaseException as e:
             self._discard(tmp)
+            if isinstance(e, OSError):  # (a full disk, a quota: one line, not a traceback)
+                raise OutputError(f"cannot write {self.path / name}: {_why(e)}") from None
             raise
 
     def _discard(self, tmp: str) -> None:
@@ -202,12 +209,13 @@ class Dir:
                 else "not a regular file"
             raise OutputError(f"refusing to write over {self.path / name}: it is {what}")
 
-    def write_atomic(self, name: str, data: bytes | str, *, mode: int = 0o644) -> Path:
+    def write_atomic(self, name: str, data: bytes | str, *, mode: int = 0o644,
+                     durable: bool = True) -> Path:
         """Replace (or create) the regular file ``name`` with ``data``, atomically: a reader
         sees the old file or the new, never half of one. A link there is refused."""
         blob = data.encode("utf-8") if isinstance(data, str) else data
         self._refuse_unless_file(name)
-        with self.new_file(name, mode) as (tmp, fh):
+        with self.new_file(name, mode, durable=durable) as (tmp, fh):
             fh.write(blob)
         self._rename(tmp, name)
         return self.path / name
@@ -234,16 +242,24 @@ class Dir:
         return self.path / name
 
     def publish(self, name: str, src: str | Path) -> bool:
-        """Put a copy of the local file ``src`` under ``name`` only if no entry has that name
-        (a part never lands on another part): False when the name is taken."""
+        """Put the complete local file ``src`` (one of our own, e.g. a staged part) under
+        ``name`` only if no entry has that name: False when the name is taken. ``link(2)``
+        makes it visible whole and fails with EEXIST where ``rename(2)`` would replace; a
+        hard link of ``src`` itself when it is on the same file system, else a copy."""
+        _check_name(name)
+        try:
+            os.link(src, name, dst_dir_fd=self.fd, follow_symlinks=False)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise OutputError(f"cannot write {self.path / name}: {_why(e)}") from None
         with self.new_file(name) as (tmp, fh), open(src, "rb") as f:
             while chunk := f.read(1 << 20):
                 fh.write(chunk)
         try:
-            # link(2) makes the complete file visible under its name, and fails with EEXIST
-            # where rename(2) would replace
-            os.link(tmp, _check_name(name), src_dir_fd=self.fd, dst_dir_fd=self.fd,
-                    follow_symlinks=False)
+            os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
         except FileExistsError:
             return False
         except OSError as e:
@@ -251,6 +267,19 @@ class Dir:
         finally:
             self._discard(tmp)
         return True
+
+    def open_update(self, name: str, mode: int = 0o600) -> IO[bytes]:
+        """The regular file ``name`` opened for reading and writing in place (made if
+        missing, never truncated, never through a link): a cache filled piece by piece."""
+        try:
+            fd = os.open(_check_name(name), os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC
+                         | _BINARY, mode, dir_fd=self.fd)
+        except OSError as e:
+            raise OutputError(f"cannot write {self.path / name}: {_why(e)}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OutputError(f"cannot write {self.path / name}: not a regular file")
+        return os.fdopen(fd, "r+b")
 
     def remove(self, name: str) -> None:
         """Remove the regular file (or link) ``name`` inside this folder; absent is fine."""
@@ -289,6 +318,13 @@ def write_file(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> Pat
     return path
 
 
+def open_path(base: str | Path, rel: str, *, create: bool = True) -> Dir:
+    """The folder ``base/rel``: ``base`` (ours, or the user's) as it is, every folder of
+    ``rel`` (``a/b/c``, names checked) opened without following links."""
+    with Dir.open(base, create=create) as d:
+        return d.walk(*[x for x in rel.split("/") if x], create=create)
+
+
 def private_dir(parent: str | Path | None = None, prefix: str = "tracealyze-") -> Path:
     """A new folder of our own (mode 0700, random name; ``mkdtemp``'s guarantees)."""
     import tempfile
@@ -303,5 +339,5 @@ def remove_tree(path: str | Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-__all__: list[Any] = ["DIR_FLAGS", "NEW_FILE_FLAGS", "Dir", "OutputError", "private_dir",
-                      "remove_tree", "tmp_name", "write_file"]
+__all__: list[Any] = ["DIR_FLAGS", "NEW_FILE_FLAGS", "Dir", "OutputError", "open_path",
+                      "private_dir", "remove_tree", "tmp_name", "write_file"]

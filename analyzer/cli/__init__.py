@@ -198,8 +198,9 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
 
 @main.command()
 @click.argument("run_dir", type=RUN_DIR)
-@click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
-              help="Where to write the HTML (default RUN_DIR/report.html).")
+@click.option("-o", "--output", "out", type=RUN_DIR, default=None, metavar="OUT.html",
+              help="Where to write the HTML (default ./<run-name>.html; a URL uploads it). "
+                   "The analyzer never writes into a run directory unless -o says so.")
 @click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help=_CONFIG_HELP)
@@ -207,13 +208,15 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
               default=None, metavar="[SECONDS]", help="Rewrite the report every SECONDS "
               "(10) while the run is alive (the page reloads itself); stop when it ends.")
 @edge
-def report(run_dir: Path, out: Path | None, overrides: tuple[str, ...],
+def report(run_dir: Path, out: Path | str | None, overrides: tuple[str, ...],
            config_file: Path | None, watch: float | None) -> None:
-    """Write a self-contained offline HTML report of the run and print its path.
+    """Write a self-contained offline HTML report of the run and print its path: by default
+    ./<run-name>.html in the current directory (never into the run unless -o says so).
 
     \b
     Example:
-      tracealyze report runs/exp1 -o exp1.html
+      tracealyze report runs/exp1                  # writes ./exp1.html
+      tracealyze report runs/exp1 -o runs/exp1/report.html
       tracealyze report runs/live --watch 30
     """
     from ..report.page import write_report

@@ -7,10 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
-import shutil
 import sys
-import tempfile
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -19,16 +16,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
-from tracealyze.format.parts import (
-    data_parts,
-    is_real_dir,
-    next_seq_in,
-    part_name,
-    write_json_atomic,
-)
+from tracealyze.format.parts import data_parts, is_real_dir, next_seq_in, part_name
 from tracealyze.format.runmeta import new_run_meta
 
 from ..errors import TraceError
+from ..writes import Dir, OutputError, private_dir, remove_tree
 from .fields import GPU_ACTIVITY_CATS, trace_stem
 from .ranks import trace_files
 from .stream import Ingested, Limits, ingest
@@ -52,13 +44,15 @@ def _existing_trace_ids(folder: Path) -> set[str]:
     return ids
 
 
-def _ensure_run(run_dir: Path, ranks: Iterable[int]) -> None:
-    if (run_dir / "run.json").exists():
+def _ensure_run(run: Dir, ranks: Iterable[int]) -> None:
+    import json
+
+    if run.kind("run.json") is not None:
         return
     ranks = sorted(set(ranks))
-    write_json_atomic(run_dir / "run.json", new_run_meta(
-        preset=None, knobs=None, world_size=(max(ranks) + 1) if ranks else 1,
-        source="import-trace", status="completed"))
+    meta = new_run_meta(preset=None, knobs=None, world_size=(max(ranks) + 1) if ranks else 1,
+                        source="import-trace", status="completed")
+    run.write_atomic("run.json", json.dumps(meta, indent=1, allow_nan=False))
 
 
 def _copy_name(path: Path, digest: str) -> str:
@@ -83,7 +77,7 @@ def _counts(part: Path) -> tuple[int, int]:
 def _staging(run_dir: Path) -> Path:
     """A scratch folder beside the run (same file system: parts are renamed into place)."""
     parent = run_dir.parent if run_dir.parent.is_dir() else None
-    return Path(tempfile.mkdtemp(prefix=".tracealyze-import-", dir=parent))
+    return private_dir(parent, prefix=".tracealyze-import-")
 
 
 def default_jobs() -> int:
@@ -165,56 +159,71 @@ def import_traces(paths: list[Path], run_dir: Path, *, keep_raw: bool = False,
         staged = [(p, stage / f"{k}.parquet", info)
                   for k, (p, info) in enumerate(zip(files, infos, strict=True))]
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TraceError(f"cannot create run directory {run_dir}: {e.strerror or e}") \
-                from e
-        seen: dict[int, set[str]] = {}  # per rank: trace_ids in the run (read once)
-        results = [_place(run_dir, path, out, info, keep_raw, seen)
-                   for path, out, info in staged]
+            run = Dir.open(run_dir, create=True)
+        except OutputError as e:
+            raise TraceError(f"cannot create run directory {run_dir}: {e}") from None
+        with run:
+            seen: dict[int, set[str]] = {}  # per rank: trace_ids in the run (read once)
+            results = [_place(run, path, out, info, keep_raw, seen)
+                       for path, out, info in staged]
+            _ensure_run(run, (r["rank"] for r in results))
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    _ensure_run(run_dir, (r["rank"] for r in results))
+        remove_tree(stage)
     return results
 
 
-def _place(run_dir: Path, path: Path, part: Path, info: Any, keep_raw: bool,
+def _place(run: Dir, path: Path, part: Path, info: Any, keep_raw: bool,
            seen: dict[int, set[str]]) -> dict[str, Any]:
-    """Move one staged part into the run (unless its trace is already there)."""
+    """Put one staged part into the run (unless its trace is already there). Every folder
+    on the way is opened without following links (a stranger's run may hold one)."""
     rank = info.rank
-    ev_dir = run_dir / "trace_events" / f"rank={rank}"
+    try:
+        ev_dir = run.walk("trace_events", f"rank={rank}", create=bool(info.events)) \
+            if info.events or rank not in seen else None
+    except OutputError as e:
+        if info.events:
+            raise TraceError(f"cannot write into {run.path}: {e}") from None
+        ev_dir = None  # (no events to place and no such folder: nothing seen there)
     if rank not in seen:
-        seen[rank] = _existing_trace_ids(ev_dir)
+        seen[rank] = _existing_trace_ids(ev_dir.path) if ev_dir is not None else set()
     have = seen[rank]
     gpu, steps = _counts(part)
     result: dict[str, Any] = {"path": str(path), "trace_id": info.trace_id, "rank": rank,
                               "events": info.events, "gpu_events": gpu, "steps": steps,
                               "skipped": info.trace_id in have}
-    if result["skipped"]:
-        return result
     try:
-        if info.events:
-            ev_dir.mkdir(parents=True, exist_ok=True)
-            dest = ev_dir / part_name(next_seq_in(ev_dir))
-            if dest.exists() or not is_real_dir(ev_dir):  # never over another part
-                raise TraceError(f"refusing to write over {dest}")
-            os.replace(part, dest)
+        if result["skipped"]:
+            return result
+        if ev_dir is not None and info.events:
+            _publish_part(ev_dir, part)
         if keep_raw:
-            _keep_raw(run_dir, path, rank, info.digest)
-    except OSError as e:
-        raise TraceError(f"cannot write into {run_dir}: {e.strerror or e}") from e
+            _keep_raw(run, path, rank, info.digest)
+    except OutputError as e:
+        raise TraceError(f"cannot write into {run.path}: {e}") from None
+    finally:
+        if ev_dir is not None:
+            ev_dir.close()
     have.add(info.trace_id)
     return result
 
 
-def _keep_raw(run_dir: Path, path: Path, rank: int, digest: str) -> None:
-    raw_dir = run_dir / "traces" / f"rank={rank}"
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    dest = raw_dir / (_SAFE_NAME.sub("_", path.name).lstrip(".") or "trace.json")
-    if dest.exists():  # another trace of that name: '<stem>-<digest>.<ext>'
-        dest = raw_dir / _copy_name(path, digest)
-    if dest.parent != raw_dir or not is_real_dir(raw_dir):  # defence in depth
-        raise TraceError(f"refusing to write outside {run_dir}: {dest}")
-    tmp = raw_dir / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
-    shutil.copyfile(path, tmp)
-    os.replace(tmp, dest)
+def _publish_part(ev_dir: Dir, part: Path) -> None:
+    """The staged part under the next free part name: never over another part (a writer
+    that took the name first wins; we take the next)."""
+    if not is_real_dir(ev_dir.path):  # (defence in depth: the descriptor is the real check)
+        raise TraceError(f"refusing to write into {ev_dir.path}: not a real folder")
+    seq = next_seq_in(ev_dir.path)
+    for _ in range(1000):
+        if ev_dir.publish(part_name(seq), part):
+            return
+        seq += 1
+    raise TraceError(f"cannot find a free part name in {ev_dir.path}")
+
+
+def _keep_raw(run: Dir, path: Path, rank: int, digest: str) -> None:
+    with run.walk("traces", f"rank={rank}") as raw_dir:
+        name = _SAFE_NAME.sub("_", path.name).lstrip(".") or "trace.json"
+        # a name taken by another trace: '<stem>-<digest>.<ext>' (the same bytes, if taken
+        # again, are the same copy)
+        if not raw_dir.publish(name, path) and raw_dir.kind(_copy_name(path, digest)) is None:
+            raw_dir.publish(_copy_name(path, digest), path)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import sys
 import threading
 import time
@@ -253,49 +252,65 @@ def _csp_hash(script: str) -> str:
     return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
 
 
-def write_report(run_dir: Path | str, out: Path | None = None, *, overrides: Any = None,
+def default_output(run_dir: Path | str) -> Path:
+    """Where ``report RUN`` writes without ``-o``: ``./<run-name>.html`` in the current
+    directory (DESIGN.md, turn 4: the analyzer never writes into a run directory unasked;
+    a run is often a stranger's, or read-only, or in a store). The name keeps letters,
+    digits, ``-``, ``_`` and ``.`` of the run folder's last segment (no leading dot)."""
+    from tracealyze.format.storage import is_url
+
+    text = str(run_dir)
+    last = text.rstrip("/").rsplit("/", 1)[-1] if is_url(text) else Path(text).resolve().name
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in last)[:100].lstrip(".")
+    return Path(f"{name or 'report'}.html")
+
+
+def write_report(run_dir: Path | str, out: Path | str | None = None, *, overrides: Any = None,
                  progress: bool = True, live_refresh_s: float | None = None) -> Path | str:
-    """Write the HTML report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``) and
-    return where it went. Raises RunDirError for a bad run directory, ReportError otherwise;
-    a progress bar goes to stderr when it takes more than a second (``progress``).
+    """Write the HTML report of ``run_dir`` to ``out`` (default :func:`default_output`:
+    ``./<run-name>.html``) and return where it went. Raises RunDirError for a bad run
+    directory, ReportError otherwise; a progress bar goes to stderr when it takes more than
+    a second (``progress``).
 
     ``run_dir`` may be a URL (``s3://...``): the report is built from the run's local
-    mirror and, without ``out``, written next to the data (``URL/report.html``); a store
-    that refuses the write is a ReportError that says to give ``out``. ``live_refresh_s``:
-    the page says it is live (the time of this update) and reloads itself that often
-    (``report --watch``)."""
+    mirror. ``out`` may be a URL too (``-o s3://bucket/run/report.html``): the page is
+    uploaded there in one write (a store that refuses is a ReportError). The file is
+    written through :mod:`..writes` (a new temporary file, renamed; never through a link).
+    ``live_refresh_s``: the page says it is live (the time of this update) and reloads
+    itself that often (``report --watch``)."""
     from tracealyze.format.storage import is_url
 
     url = str(run_dir) if is_url(str(run_dir)) else None
+    dest = out if out is not None else default_output(run_dir)
     bar = Progress(total=STEPS, enabled=progress)
     try:
-        path = _write_report(url or Path(run_dir), Path(out) if out is not None else None,
-                             overrides, bar, live_refresh_s)
+        html = _build_report(url or Path(run_dir), overrides, bar, live_refresh_s)
     finally:
         bar.finish()
-    if url is None or out is not None:
-        return path
-    return _upload_report(url, path)
+    if is_url(str(dest)):
+        return _upload_report(str(dest), html)
+    write_atomic(Path(dest), html)
+    return Path(dest)
 
 
-def _upload_report(url: str, path: Path) -> str:
-    """A report of a run in a store, written next to its data."""
+def _upload_report(dest: str, html: str) -> str:
+    """The report written as the object ``dest`` (the user asked for it there)."""
     from tracealyze.format.storage import locate, write_bytes
 
     from ..errors import one_line
 
+    folder, _, name = dest.rstrip("/").rpartition("/")
     try:
-        write_bytes(locate(url), "report.html", path.read_bytes())
+        write_bytes(locate(folder), name, html.encode("utf-8"))
     except (OSError, ValueError) as e:
-        raise ReportError(f"cannot write report.html to {url} ({one_line(e)[:200]}); give "
-                          f"-o PATH to write it elsewhere (a copy is at {path})") from None
-    return url.rstrip("/") + "/report.html"
+        raise ReportError(f"cannot write the report to {dest} ({one_line(e)[:200]}); give "
+                          "-o PATH to write it elsewhere") from None
+    return dest
 
 
-def _write_report(run_dir: Path | str, out: Path | None, overrides: Any, bar: Progress,
-                  live_refresh_s: float | None = None) -> Path:
-    run = _open_run(run_dir)  # (a URL: its local mirror, where the report goes by default)
-    out = out if out is not None else run.run_dir / "report.html"
+def _build_report(run_dir: Path | str, overrides: Any, bar: Progress,
+                  live_refresh_s: float | None = None) -> str:
+    run = _open_run(run_dir)  # (a URL: its local mirror)
     try:
         bar.step("opened run")
         findings, gpu, not_checked = _analyse(run, overrides)
@@ -313,19 +328,19 @@ def _write_report(run_dir: Path | str, out: Path | None, overrides: Any, bar: Pr
                          "updated": time.strftime("%H:%M:%S")}
     html = render(model)
     bar.step("rendered")
-    write_atomic(out, html)
-    return out
+    return html
 
 
 def write_atomic(out: Path, text: str) -> None:
-    """Write via a temporary file and rename, so no half-written report is ever left."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    """Write ``text`` to ``out`` through :func:`..writes.write_file`: a new temporary file
+    (random name, ``O_EXCL|O_NOFOLLOW``) renamed onto ``out``, refused if ``out`` is a link
+    or a folder; no half-written page is ever left."""
+    from ..writes import OutputError, write_file
+
+    if Path(out).is_dir() and not Path(out).is_symlink():
+        raise ReportError(f"-o {out} is a directory; give a file name (e.g. report.html)")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as exc:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise ReportError(f"cannot write the report to {out}: {exc.strerror or exc}") from exc
+        write_file(out, text)
+    except OutputError as exc:
+        raise ReportError(str(exc).replace("cannot write ", "cannot write the report to ", 1)
+                          ) from None

@@ -33,7 +33,7 @@ class RangeCache:
     """One object's fetched byte ranges: a sparse local file and the list of what it holds."""
 
     def __init__(self, loc: Location, f: StoredFile, root: Path) -> None:
-        self.loc, self.f = loc, f
+        self.loc, self.f, self.root = loc, f, root
         self.data = root / f"{f.rel}@{f.size}-{f.mtime_ns or 0}"
         self.index = self.data.with_name(self.data.name + ".json")
         self.lock = threading.Lock()
@@ -95,27 +95,28 @@ class RangeCache:
                              f"{' '.join(str(e).split())[:300]}") from None
 
     def _keep(self, a: int, data: bytes) -> bool:
-        """Write ``data`` at ``a`` into the cache, then list it; False if it cannot."""
+        """Write ``data`` at ``a`` into the cache, then list it; False if it cannot. The
+        cache's folders are opened without following links (:mod:`..writes`)."""
         if not self.writable:
             return False
+        from ..writes import OutputError, open_path
+
         try:
-            self.data.parent.mkdir(parents=True, exist_ok=True)
-            # never truncated on open: another command may be filling the same file
-            fd = os.open(self.data, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o600)
-            with os.fdopen(fd, "r+b") as fh:
-                if os.fstat(fd).st_size < self.f.size:
-                    fh.truncate(self.f.size)  # sparse: unfetched ranges take no disk
-                fh.seek(a)
-                fh.write(data)
-                fh.flush()
-                os.fsync(fd)  # the bytes are on disk before the list says they are
-            self.have = _merge([*self.have, (a, a + len(data))])
-            tmp = self.index.with_name(f".{self.index.name}.{os.getpid()}."
-                                       f"{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(self.have))
-            os.replace(tmp, self.index)
+            with open_path(self.root, self.data.parent.relative_to(self.root).as_posix()) \
+                    as folder:
+                # never truncated on open: another command may be filling the same file
+                with folder.open_update(self.data.name) as fh:
+                    if os.fstat(fh.fileno()).st_size < self.f.size:
+                        fh.truncate(self.f.size)  # sparse: unfetched ranges take no disk
+                    fh.seek(a)
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())  # the bytes are on disk before the list says so
+                self.have = _merge([*self.have, (a, a + len(data))])
+                folder.write_atomic(self.index.name, json.dumps(self.have), mode=0o600,
+                                    durable=False)  # (the data it lists was fsynced)
             return True
-        except OSError:  # a full or read-only cache: serve from memory
+        except (OSError, OutputError):  # a full or read-only cache: serve from memory
             self.writable = False
             return False
 

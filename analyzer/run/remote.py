@@ -27,15 +27,18 @@ from typing import TypeVar
 
 from tracealyze.format.spool import Uploader
 from tracealyze.format.storage import (
-    fetch,
+    Location,
+    StoredFile,
     has_run,
     list_run,
     local_files,
     locate,
+    read_bytes,
     run_file,
 )
 
 from ..errors import RunDirError, one_line
+from ..writes import Dir, OutputError
 from . import inplace
 
 MANIFEST = ".tracealyze-mirror.json"
@@ -81,21 +84,22 @@ def mirror(url: str, root: Path | None = None, tables: set[str] | None = None, *
         raise RunDirError(f"not a run directory (no run.json): {url}")
     dest = _folder(loc.url, root)
     try:
-        dest.mkdir(parents=True, exist_ok=True)
-        old = _manifest(dest)
-        copied = [f for f in files if whole or run_file(f.rel) != "part"]  # (not in place)
-        stale = [f for f in copied if _wanted(f.rel, tables) and (
-            old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file())]
-        with ThreadPoolExecutor(FETCH_THREADS) as pool:
-            list(pool.map(lambda f: fetch(loc, f, dest), stale))
-        _prune(dest, {f.rel for f in copied})
-        inplace.prune(dest, files)
-        now = {f.rel: [f.size, f.mtime_ns] for f in files}
-        fetched = {f.rel for f in stale}
-        held = {rel: st for rel, st in now.items() if (dest / rel).is_file()
-                and (old.get(rel) == st or rel in fetched)}
-        (dest / MANIFEST).write_text(json.dumps({"url": loc.url, "files": held}))
-    except OSError as e:
+        with Dir.open(dest, create=True) as folder:
+            old = _manifest(dest)
+            copied = [f for f in files if whole or run_file(f.rel) != "part"]  # (in place)
+            stale = [f for f in copied if _wanted(f.rel, tables) and (
+                old.get(f.rel) != [f.size, f.mtime_ns] or not (dest / f.rel).is_file())]
+            with ThreadPoolExecutor(FETCH_THREADS) as pool:
+                list(pool.map(lambda f: _fetch(folder, loc, f), stale))
+            _prune(dest, {f.rel for f in copied})
+            inplace.prune(dest, files)
+            now = {f.rel: [f.size, f.mtime_ns] for f in files}
+            fetched = {f.rel for f in stale}
+            held = {rel: st for rel, st in now.items() if (dest / rel).is_file()
+                    and (old.get(rel) == st or rel in fetched)}
+            folder.write_atomic(MANIFEST, json.dumps({"url": loc.url, "files": held}),
+                                durable=False)
+    except (OSError, OutputError) as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
     if not whole:
         try:
@@ -115,7 +119,10 @@ def into_store(url: str, write: Callable[[Path], T]) -> T:
     except (ValueError, OSError) as e:
         raise RunDirError(f"cannot read {url}: {one_line(e)}") from None
     dest = mirror(url, whole=True) if holds else _folder(loc.url)
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        Dir.open(dest, create=True).close()
+    except OutputError as e:
+        raise RunDirError(str(e)) from None
     before = local_files(dest)
     result = write(dest)
     up = Uploader(dest, loc, interval_s=3600.0)
@@ -123,6 +130,16 @@ def into_store(url: str, write: Callable[[Path], T]) -> T:
     if not up.close(60.0):
         raise RunDirError(f"imported into {dest}, but could not upload it to {url}")
     return result
+
+
+def _fetch(folder: Dir, loc: Location, f: StoredFile) -> None:
+    """Object ``f`` into the mirror, atomically, each folder of its name opened without
+    following links. ``f.rel`` is a checked run-file name (format.storage.run_file: no
+    ``..``, no absolute part), so it stays under the mirror."""
+    *dirs, name = f.rel.split("/")
+    with folder.walk(*dirs) as d:
+        # (a cache: no fsync, as before; a torn mirror is fetched again by its manifest)
+        d.write_atomic(name, read_bytes(loc, f.rel), durable=False)
 
 
 def _folder(url: str, root: Path | None = None) -> Path:

@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,9 @@ from .schema import TABLE_NAMES
 
 _SPILL_DIR: str | None = None
 
-READ_STATEMENTS = {"SELECT", "EXPLAIN"}
-"""Statements a user's ``query`` may run: reads only (a COPY ... TO could write a file)."""
+READ_STATEMENTS = frozenset({"SELECT", "EXPLAIN"})
+"""Statement types a user's ``query`` may run, by allow-list (an EXPLAIN only of a SELECT:
+:func:`check_user_sql`)."""
 
 
 def ident(name: str) -> str:
@@ -106,8 +108,43 @@ def lock(con: Any) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def check_user_sql(con: Any, sql: str, allowed_kinds: set[str]) -> None:
-    """QueryError unless ``sql`` is one statement of one of ``allowed_kinds``."""
+def _kind(statement: Any) -> str:
+    return str(statement.type).rsplit(".", 1)[-1]
+
+
+def _explained(sql: str) -> str | None:
+    """The statement an ``EXPLAIN [ANALYZE] [(options)]`` explains, as text (DuckDB's own
+    tokens find where it starts); None if ``sql`` does not have that shape."""
+    import duckdb
+
+    toks = duckdb.tokenize(sql)
+    words = [(pos, sql[pos:toks[i + 1][0] if i + 1 < len(toks) else len(sql)].strip())
+             for i, (pos, kind) in enumerate(toks) if kind != duckdb.token_type.comment]
+    if not words or words[0][1].upper() != "EXPLAIN":
+        return None
+    i = 1
+    if i < len(words) and words[i][1].upper() in ("ANALYZE", "ANALYSE"):
+        i += 1
+    if i < len(words) and words[i][1].startswith("("):  # EXPLAIN (FORMAT json) ...
+        depth = 0
+        while i < len(words):
+            depth += words[i][1].count("(") - words[i][1].count(")")
+            i += 1
+            if depth <= 0:
+                break
+    return sql[words[i][0]:] if i < len(words) else None
+
+
+def check_user_sql(con: Any, sql: str,
+                   allowed_kinds: AbstractSet[str] = READ_STATEMENTS) -> None:
+    """QueryError unless ``sql`` is exactly one read, by allow-list, on DuckDB's own parse:
+    a ``SELECT`` (which is also what ``WITH``, ``DESCRIBE``, ``SUMMARIZE``, ``SHOW``,
+    ``VALUES`` and ``FROM``-first queries parse to), or an ``EXPLAIN`` (``ANALYZE`` runs it)
+    whose explained statement is itself one ``SELECT``. Everything else (``COPY … TO``,
+    ``EXPORT``, ``ATTACH``, ``INSTALL``, ``LOAD``, ``CALL``, ``PRAGMA``, ``SET``, DDL, DML,
+    a ``PIVOT`` statement that creates types first) is refused here, before it reaches a
+    connection, whatever ``--allow-files`` says: that flag lets SQL read files, never write.
+    ``allowed_kinds`` may only narrow the allow-list (``{"SELECT"}`` for a predicate)."""
     import duckdb
 
     try:
@@ -116,10 +153,23 @@ def check_user_sql(con: Any, sql: str, allowed_kinds: set[str]) -> None:
         raise QueryError(one_line(e)) from e
     if len(statements) != 1:
         raise QueryError(f"expected one SQL statement, got {len(statements)}")
-    kind = str(statements[0].type).rsplit(".", 1)[-1]
-    if kind not in allowed_kinds:
-        raise QueryError(f"only read statements (SELECT, DESCRIBE, ...) are allowed, "
-                         f"not {kind}: the analyzer never writes")
+    kind = _kind(statements[0])
+    if kind == "EXPLAIN" and "EXPLAIN" in allowed_kinds & READ_STATEMENTS:
+        inner = _explained(sql)
+        try:
+            inner_kinds = [_kind(s) for s in con.extract_statements(inner)] if inner else []
+        except duckdb.Error:
+            inner_kinds = []
+        if inner_kinds == ["SELECT"]:
+            return
+        raise QueryError("EXPLAIN is allowed only of one SELECT statement: the analyzer "
+                         "never writes")
+    if kind not in allowed_kinds & READ_STATEMENTS or kind == "EXPLAIN":
+        # (a PIVOT without its values first creates a type from them: name them)
+        hint = " (a PIVOT: give its values, PIVOT ... ON col IN (...))" if kind == "MULTI" \
+            else ""
+        raise QueryError(f"only read statements (SELECT, WITH, DESCRIBE, SUMMARIZE, EXPLAIN "
+                         f"SELECT) are allowed, not {kind}: the analyzer never writes{hint}")
 
 
 def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -32,13 +32,21 @@ def test_summary_report_and_query_of_a_run_in_a_bucket(s3: str, tmp_path: Path) 
     upload_run(local, url)
     assert _summary(url) == _summary(str(local))  # the same findings, run id and counts
 
-    res = CliRunner().invoke(main, ["report", url])
+    res = CliRunner().invoke(main, ["report", url, "-o", f"{url}/report.html"])
     assert res.exit_code == 0, res.output
     assert res.output.strip() == f"{url}/report.html"
     loc = storage.locate(url)
     assert loc.fs.get_file_info(f"{loc.root}/report.html").size > 10_000
     page = storage.read_bytes(loc, "report.html").decode()
     assert "<h1>exp1" in page  # named after the URL, not the cache folder
+    # without -o: ./exp1.html here, and nothing more written into the store
+    before = {f.rel: (f.size, f.mtime_ns) for f in storage.list_run(loc)}
+    runner = CliRunner()
+    with runner.isolated_filesystem(temp_dir=tmp_path):
+        res = runner.invoke(main, ["report", url])
+        assert res.exit_code == 0, res.output
+        assert res.output.strip() == "exp1.html" and Path("exp1.html").stat().st_size > 10_000
+    assert {f.rel: (f.size, f.mtime_ns) for f in storage.list_run(loc)} == before
 
     res = CliRunner().invoke(main, ["query", url, "SELECT count(*) AS n FROM steps",
                                     "--format", "csv"])

@@ -234,5 +234,5 @@ def check_store_run(url: str, tmp_path: Path) -> None:
     parts = [f.rel for f in storage.list_run(loc) if f.rel.startswith("steps/")]
     assert len(parts) == 1  # compacted on close, covered parts deleted from the store
     name = url.rstrip("/").rsplit("/", 1)[1]
-    assert cli_ok("report", url).strip() == f"{url}/report.html"
+    assert cli_ok("report", url, "-o", f"{url}/report.html").strip() == f"{url}/report.html"
     assert f"<h1>{name}" in storage.read_bytes(loc, "report.html").decode()

@@ -242,14 +242,22 @@ def test_embedded_data_is_bounded_however_long_the_run(tmp_path: Path) -> None:
     assert sizes[60_000] < 2.5 * sizes[2_000]  # bounded, not proportional to 30x the steps
 
 
-def test_default_output_is_the_only_file_written(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_default_output_is_in_the_working_directory_and_the_run_is_untouched(
+        runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DESIGN.md turn 4: `report RUN` writes ./<run-name>.html; the analyzer never writes
+    into a run directory unasked (a stranger's run may hold links at any name it would)."""
     rd = make_run(tmp_path, name="r", steps=30)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
     before = listing(rd)
     out = write_report(rd, progress=False)
-    assert out == rd / "report.html"
-    after = listing(rd)
-    assert set(after) - set(before) == {"report.html"}
-    assert {k: v for k, v in after.items() if k != "report.html"} == before
+    assert out == Path("r.html") and (here / "r.html").stat().st_size > 10_000
+    assert listing(rd) == before
+    assert sorted(p.name for p in here.iterdir()) == ["r.html"]  # no temporary left
+    # asked for explicitly, the run is where it goes
+    assert write_report(rd, rd / "report.html", progress=False) == rd / "report.html"
+    assert set(listing(rd)) - set(before) == {"report.html"}
 
 
 def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
@@ -259,8 +267,11 @@ def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(RunDirError):
         write_report(tmp_path / "notarun", progress=False)
     rd = make_run(tmp_path, name="r", steps=10)
-    with pytest.raises(ReportError, match="cannot write"):
-        write_report(rd, tmp_path / "no" / "such" / "dir" / "r.html", progress=False)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ReportError, match="cannot"):
+        write_report(rd, tmp_path / "afile" / "r.html", progress=False)
+    # a missing folder of the output the user named is made
+    assert write_report(rd, tmp_path / "new" / "r.html", progress=False).is_file()
 
 
 def test_cli_report_prints_the_path(runs: dict[str, Path], tmp_path: Path) -> None:

@@ -106,9 +106,11 @@ def test_format_imports_neither_torch_nor_duckdb() -> None:
 
 # The analyzer's layers, lowest first: a module may import its own layer and the layers
 # below it, never one above (a path says what the code is, and no arrow runs back up).
-ANALYZER_LAYERS = ["errors", "units", "sql", "stats", "gpu", "ingest", "run", "diagnosis",
-                   "report", "compare", "fleet", "record", "cli"]
-"""``units`` and ``errors`` are shared by all; ``sql`` is how every query is made safe;
+ANALYZER_LAYERS = ["errors", "units", "writes", "sql", "stats", "gpu", "ingest", "run",
+                   "diagnosis", "report", "compare", "fleet", "record", "cli"]
+"""``units`` and ``errors`` are shared by all; ``writes`` is how every file is written (and
+the only module that may: tests/structure/test_writes_structure.py); ``sql`` is how every
+query is made safe;
 ``stats`` holds the robust statistics and the step-time outlier rule that detectors, charts
 and ``compare`` share;
 ``gpu`` analyses the ``trace_events`` table and holds its GPU vocabulary (which ``ingest``
@@ -116,7 +118,7 @@ writes with); ``ingest`` turns profiler JSON into ``trace_events``; ``run`` open
 directories (raw traces in them through ``ingest``); ``diagnosis`` runs the detectors;
 ``report`` draws a run, ``compare`` two, ``fleet`` many; ``record`` and ``cli`` are the
 commands."""
-ANALYZER_TOP = {"__init__", "record", "errors", "units"}
+ANALYZER_TOP = {"__init__", "record", "errors", "units", "writes"}
 
 
 def _layer(mod: str) -> str | None:
