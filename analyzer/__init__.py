@@ -5,7 +5,7 @@ The library the CLI is a thin layer over::
 
     from tracealyze.analyzer import open_run, build_summary, write_report
     summary = build_summary("runs/exp1")          # the findings, as `summary --json` gives them
-    write_report("runs/exp1")                     # runs/exp1/report.html
+    write_report("runs/exp1")                     # ./exp1.html
 
 The map of the sub-packages is in CONTRIBUTING.md.
 """
