@@ -11,6 +11,7 @@ from typing import Any
 
 from ..gpu.idle_groups import unusual_streams
 from ..run.catalog import Run, open_run
+from ..units import single_line
 from .analysis import Analysis
 from .findings import SEVERITIES, Finding, severity_rank
 from .rank_groups import LIMIT, rank_ranges
@@ -109,7 +110,7 @@ def render_text(summary: Mapping[str, Any], *, width: int = 100) -> str:
     run = summary["run"]
     ranks = run.get("ranks") or []
     status = "killed" if run.get("killed") else run.get("status")
-    lines = [f"run {run.get('run_id') or '?'}  status={status}  "
+    lines = [f"run {single_line(run.get('run_id') or '?')}  status={status}  "
              f"steps={run.get('steps')}  ranks={len(ranks)} ({rank_ranges(ranks) or '-'})"]
     findings = summary.get("findings", [])
     counts = {s: sum(f["severity"] == s for f in findings) for s in SEVERITIES}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..units import single_line
 from .context import ReportContext
 from .text import human_bytes, human_count, human_duration
 
@@ -91,7 +92,7 @@ def run_header(run: Any, ctx: ReportContext) -> dict[str, Any]:
         fields.append(("Resumed", f"{len(resumes)}× (last from step "
                                   f"{resumes[-1].get('from_step', '?')})"))
     return {
-        "run_id": str(meta.get("run_id") or ""),
+        "run_id": single_line(meta.get("run_id") or ""),
         "name": _name(run),
         "status": label, "status_class": cls, "status_detail": detail,
         "fields": fields,

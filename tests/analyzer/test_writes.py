@@ -144,3 +144,23 @@ def test_report_of_a_run_full_of_links_writes_nothing_through_them(tmp_path: Pat
     assert res.exit_code == 2 and "symbolic link" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.output
     assert _same(pot, before) and os.path.islink(run / "report.html")
+
+
+def test_a_run_id_with_newlines_never_starts_a_line_of_its_own(tmp_path: Path) -> None:
+    """The issue's second half: a run_id holding newlines put an attacker's line alone on a
+    line of the report (the shape authorized_keys accepts) and of the summary."""
+    import json
+
+    run = make_run(tmp_path, name="r", steps=20)
+    meta = json.loads((run / "run.json").read_text())
+    meta["run_id"] = "x\nssh-ed25519 AAAATTACK evil@host\r\n\x1b[2Jy\u202e"
+    (run / "run.json").write_text(json.dumps(meta))
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", str(run), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert not any(line.lstrip().startswith("ssh-ed25519")
+                   for line in out.read_text().splitlines())
+    res = CliRunner().invoke(main, ["summary", str(run)])
+    assert res.exit_code == 0
+    first = res.output.splitlines()[0]
+    assert "AAAATTACK" in first and "\x1b" not in res.output and "\u202e" not in first
