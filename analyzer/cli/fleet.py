@@ -52,6 +52,8 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
           spark_master: str | None, quiet: bool) -> None:
     """Analyse every run under ROOT... (directories, globs, s3:// or gs:// prefixes) and
     keep one row per run in an incremental index: only new or changed runs are analysed.
+    What cannot be searched or read (a folder not listable, a name that is not UTF-8, more
+    than 64 folders deep) is one warning line on stderr, and the rest goes on.
 
     Prints the runs with something to look at, worst first, and the findings only the
     fleet shows (suspect_host: a host that is the slow rank in the runs it joins).
@@ -71,6 +73,15 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
     show = not quiet and sys.stderr.isatty()
     result = run_fleet(list(roots), engine=engine, jobs=jobs, index=index,
                        spark_master=spark_master, progress=_progress("analysed", show))
+    # what was not analysed, one line each (a stranger's entry never stops the others)
+    for s in result.skipped:
+        click.echo(f"warning: skipped {s.name}: {s.reason}", err=True)
+    if result.skipped:
+        n = len(result.skipped)
+        click.echo(f"warning: {n} entr{'y' if n == 1 else 'ies'} under the roots skipped",
+                   err=True)
+    for line in result.warnings:
+        click.echo(f"warning: {line}", err=True)
     if out is not None:
         from ..fleet.page import write_page, write_reports
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from ..diagnosis.findings import SEVERITIES, Finding, severity_rank
 
-FLEET_SCHEMA_VERSION = 1
+FLEET_SCHEMA_VERSION = 2
+"""2: runs rows name the tables each run holds (``tables``)."""
 
 
 def analyzer_version() -> str:
@@ -85,6 +86,10 @@ def _row(run: Any, findings: list[Finding], ranks: list[dict[str, Any]]) -> dict
         "top_first_step": top.first_step if top else None,
         **{f"n_{s}": counts[s] for s in SEVERITIES},
         "error": None,
+        # which tables hold data: query --fleet opens only the runs that hold a table its
+        # SQL reads (a run without any data cannot be opened for a query at all)
+        "tables": sorted({t for t, files in run.files.items() if files}
+                         | ({"trace_events"} if run.raw_traces else set())),
     }
 
 
@@ -123,4 +128,25 @@ def analyse_run(path: str, fingerprint: str = "") -> dict[str, Any]:
                          f"{type(e).__name__}: {why} (a tracealyze bug: please report it)")}
         found, ranks = [], []
     row.update(base, analysis_cpu_s=time.process_time() - cpu0, analysed_at=time.time())
-    return clean_json({"run": row, "findings": found, "ranks": ranks})
+    return _utf8(clean_json({"run": row, "findings": found, "ranks": ranks}))
+
+
+def failed(path: str, why: str) -> dict[str, Any]:
+    """The rows of a run whose analysis did not return (its process died): ``unreadable``,
+    with an empty fingerprint so that the next ``fleet`` analyses it again."""
+    return {"run": {"path": path, "fingerprint": "", "analyzer": analyzer_version(),
+                    "run_id": None, "status": "unreadable",
+                    "error": " ".join(why.split())[:500], "analysed_at": time.time()},
+            "findings": [], "ranks": []}
+
+
+def _utf8(v: Any) -> Any:
+    """``v`` with every string made UTF-8 text: a run's JSON may hold a lone surrogate
+    (``"\\ud800"``), which neither Parquet nor a terminal takes."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(v, dict):
+        return {_utf8(k): _utf8(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_utf8(x) for x in v]
+    return v

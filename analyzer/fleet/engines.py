@@ -8,7 +8,6 @@ index. Both engines give the same rows (sorted by path by the index).
 from __future__ import annotations
 
 import os
-import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -44,9 +43,16 @@ def run_local(refs: Sequence[RunRef], jobs: int | None, progress: Progress | Non
         return out
     with ProcessPoolExecutor(max_workers=min(jobs, len(items)),
                              mp_context=get_context("forkserver")) as ex:
-        futures = [ex.submit(_task, item) for item in items]
+        futures = {ex.submit(_task, item): item for item in items}
         for i, fut in enumerate(as_completed(futures), start=1):
-            out.append(fut.result())
+            try:
+                out.append(fut.result())
+            except Exception as e:  # the worker died (killed, out of memory): that run's
+                # row says so, and the others go on (a broken pool fails the rest likewise)
+                from .analyse import failed
+
+                out.append(failed(futures[fut][0], f"its analysis did not finish "
+                                                   f"({type(e).__name__}: {e})"))
             if progress:
                 progress(i, len(items))
     return out
@@ -57,9 +63,12 @@ def package_zip() -> Path:
     ``.py`` file and template of the installed ``tracealyze`` packages, nothing else
     (``tracealyze`` is a namespace package: each sub-package is found where it lives)."""
     import importlib
+    import io
 
-    dest = Path(tempfile.mkdtemp(prefix="tracealyze-spark-")) / "tracealyze.zip"
-    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as z:
+    from ..writes import Dir, private_dir
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, mode="w", compression=zipfile.ZIP_DEFLATED) as z:
         for sub in ("format", "recorder", "analyzer", "templates"):
             mod = importlib.import_module(f"tracealyze.{sub}")
             root = Path(mod.__file__ or "").resolve().parent
@@ -69,7 +78,8 @@ def package_zip() -> Path:
                     if name.endswith((".py", ".j2", ".css", ".js", ".txt")):
                         f = Path(dirpath) / name
                         z.write(f, Path("tracealyze") / sub / f.relative_to(root))
-    return dest
+    with Dir.open(private_dir(prefix="tracealyze-spark-")) as d:
+        return d.write_atomic("tracealyze.zip", buf.getvalue())
 
 
 def run_spark(refs: Sequence[RunRef], master: str | None, jobs: int | None,

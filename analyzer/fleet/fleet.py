@@ -14,9 +14,10 @@ from ..diagnosis.findings import severity_rank
 from ..errors import ConfigError
 from . import engines
 from .analyse import analyzer_version
-from .discover import RunRef, discover, under
+from .discover import RunRef, Skipped, discover, shown
 from .hosts import suspect_hosts
-from .index import Index, default_index
+from .index import TABLES, Index, paths, select
+from .trust import Roots
 
 FLEET_JSON_VERSION = 1
 
@@ -40,6 +41,10 @@ class FleetResult:
     """Rows dropped from the index: runs that no longer exist under the roots."""
     elapsed_s: float = 0.0
     roots: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    """Entries under the roots that were not analysed, each with why."""
+    warnings: list[str] = field(default_factory=list)
+    """What was wrong with the index (refused tables, forged rows dropped): one line each."""
 
     def to_json(self) -> dict[str, Any]:
         from ..diagnosis.summary import clean_json
@@ -49,6 +54,7 @@ class FleetResult:
             "index": str(self.index), "engine": self.engine, "analysed": self.analysed,
             "reused": self.reused, "removed": self.removed, "runs": self.runs,
             "fleet_findings": self.fleet_findings,
+            "skipped": [s.to_json() for s in self.skipped], "warnings": self.warnings,
         })
 
 
@@ -77,25 +83,40 @@ def run_fleet(roots: Sequence[str | Path], *, engine: str = "local", jobs: int |
     roots = [str(r) for r in roots]
     if not roots:
         raise ConfigError("no fleet root given")
-    refs = discover(roots)
-    idx = Index(index if index is not None else default_index(roots))
-    have = {r["path"]: r for r in idx.rows("runs")}
+    skipped: list[Skipped] = []
+    refs = discover(roots, skipped)
+    idx = Index.of(roots, index)
+    read = idx.read()
+    found = {r.path for r in refs}
+    have = {r["path"]: r for r in select(read.tables["runs"], found).to_pylist()}
     version, now = analyzer_version(), time.time()
     todo = [r for r in refs if needs_analysis(have.get(r.path), r, version, now)]
     results = engines.run(engine, todo, jobs=jobs, spark_master=spark_master,
                           progress=progress) if todo else []
-    found = {r.path for r in refs}
-    removed = sum(1 for p in have if p not in found and under(p, roots))
-    if results or removed or not idx.exists():
+    # rows of runs not found: deleted runs, or rows a stranger forged (a path outside the
+    # roots, or through a link under them): dropped either way, the forged ones said
+    check, why = Roots(roots), dict[str | None, str | None]()
+    gone = [p for p in paths(read.tables["runs"]) if p not in found]
+    for p in gone:
+        if p not in why:  # (each path checked once, however many rows name it)
+            why[p] = check.why_not(p)
+    removed = sum(1 for p in gone if why[p] is None)
+    forged = [p for p in gone if why[p] is not None and (
+        idx.own or why[p] != "not under the roots")]  # (a shared index: other roots' rows)
+    warnings = list(read.warnings)
+    if forged:
+        warnings.append(f"dropped {len(forged)} row(s) of the fleet index naming no run under "
+                        f"the roots (e.g. {shown(str(forged[0]))[:200]}): never read")
+    if results or removed or forged or not read.present:
         tables = idx.merge(results, roots, found)
     else:  # nothing changed: the index is current, nothing is written
-        tables = {t: idx.rows(t) for t in ("runs", "findings", "ranks")}
-    mine = {t: [r for r in rows if r["path"] in found] for t, rows in tables.items()}
+        tables = read.tables
+    mine = {t: select(tables[t], found).to_pylist() for t in TABLES}
     return FleetResult(
         runs=sort_worst_first(mine["runs"]), findings=mine["findings"], ranks=mine["ranks"],
         fleet_findings=suspect_hosts(mine["ranks"]), index=idx.path, engine=engine,
         analysed=len(results), reused=len(refs) - len(results), removed=removed,
-        elapsed_s=time.perf_counter() - t0, roots=roots)
+        elapsed_s=time.perf_counter() - t0, roots=roots, skipped=skipped, warnings=warnings)
 
 
 STATUS_ORDER = {"unreadable": 4, "crashed": 3, "killed": 2, "running": 1, "completed": 0}
