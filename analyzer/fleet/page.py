@@ -29,26 +29,37 @@ def report_name(path: str) -> str:
 
 def write_reports(result: FleetResult, folder: Path,
                   progress: Callable[[int, int], None] | None = None) -> dict[str, str]:
-    """Each readable run's report in ``folder``, written when missing or when the run was
-    analysed again since; run path -> file name. A report that fails is left out (its row
-    then has no link), never stopping the others."""
+    """Each readable run's report in ``folder`` (made beside the page the user named; never
+    a link), written when missing or when the run was analysed again since; run path ->
+    file name. A report that fails is left out (its row then has no link), never stopping
+    the others. Each is built in a private folder of ours, then copied into ``folder``
+    through its descriptor (a new file renamed into place: no link is written through)."""
     from ..errors import TracealyzeError
     from ..report.page import write_report
+    from ..writes import Dir, private_dir, remove_tree
 
-    folder.mkdir(parents=True, exist_ok=True)
     out: dict[str, str] = {}
     todo = [r for r in result.runs if r.get("status") != "unreadable"]
-    for i, r in enumerate(todo, start=1):
-        name = report_name(r["path"])
-        f = folder / name
-        if not f.exists() or f.stat().st_mtime < (r.get("analysed_at") or 0):
-            try:
-                write_report(r["path"], f, progress=False)
-            except (TracealyzeError, OSError):
-                continue
-        out[r["path"]] = name
-        if progress:
-            progress(i, len(todo))
+    scratch = private_dir(prefix="tracealyze-reports-")
+    try:
+        with Dir.open(folder.parent, create=True) as parent, parent.sub(folder.name) as d, \
+                Dir.open(scratch) as tmp:
+            for i, r in enumerate(todo, start=1):
+                name = report_name(r["path"])
+                done = d.mtime(name)
+                if done is None or done < (r.get("analysed_at") or 0):
+                    try:
+                        write_report(r["path"], scratch / name, progress=False)
+                        d.copy_atomic(name, scratch / name)
+                    except (TracealyzeError, OSError):
+                        continue
+                    finally:
+                        tmp.remove(name)
+                out[r["path"]] = name
+                if progress:
+                    progress(i, len(todo))
+    finally:
+        remove_tree(scratch)
     return out
 
 
@@ -86,7 +97,8 @@ def _row(r: dict[str, Any], reports: dict[str, str], prefix: str) -> dict[str, A
 def write_page(result: FleetResult, out: Path, reports: dict[str, str] | None = None,
                reports_prefix: str = "") -> Path:
     """The fleet page at ``out`` (links to ``reports_prefix + name``)."""
-    from ..report.page import render, write_atomic
+    from ..report.page import render
+    from ..writes import write_file
 
     runs = [_row(r, reports or {}, reports_prefix) for r in result.runs]
     status = Counter(r.get("status") for r in result.runs)
@@ -100,6 +112,5 @@ def write_page(result: FleetResult, out: Path, reports: dict[str, str] | None = 
                      "warnings only" if worst == "warning" else "healthy"),
         "headline_class": "bad" if bad else "warn" if worst == "warning" else "ok",
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, render(model, "fleet.html.j2", page_js="fleet.js"))
+    write_file(out, render(model, "fleet.html.j2", page_js="fleet.js"))
     return out
