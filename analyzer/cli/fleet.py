@@ -73,15 +73,6 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
     show = not quiet and sys.stderr.isatty()
     result = run_fleet(list(roots), engine=engine, jobs=jobs, index=index,
                        spark_master=spark_master, progress=_progress("analysed", show))
-    # what was not analysed, one line each (a stranger's entry never stops the others)
-    for s in result.skipped:
-        click.echo(f"warning: skipped {s.name}: {s.reason}", err=True)
-    if result.skipped:
-        n = len(result.skipped)
-        click.echo(f"warning: {n} entr{'y' if n == 1 else 'ies'} under the roots skipped",
-                   err=True)
-    for line in result.warnings:
-        click.echo(f"warning: {line}", err=True)
     if out is not None:
         from ..fleet.page import write_page, write_reports
 
@@ -91,6 +82,17 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
             links = write_reports(result, folder, _progress("reports of", show))
             prefix = f"{folder.name}/"
         write_page(result, out, links, prefix if reports else "")
+    # what was not analysed, one line each (a stranger's entry never stops the others);
+    # said once every write succeeded: a command that fails says only why (one line)
+    for s in result.skipped:
+        click.echo(f"warning: skipped {s.name}: {s.reason}", err=True)
+    if result.skipped:
+        n = len(result.skipped)
+        click.echo(f"warning: {n} entr{'y' if n == 1 else 'ies'} under the roots skipped",
+                   err=True)
+    for line in result.warnings:
+        click.echo(f"warning: {line}", err=True)
+    if out is not None:
         click.echo(f"wrote {out}", err=True)
     if as_json:
         import json

@@ -116,6 +116,8 @@ def test_a_link_where_the_index_is_written_is_refused(tmp_path: Path, honey: Hon
 def test_the_page_and_reports_are_never_written_through_links(tmp_path: Path,
                                                               honey: Honeypot) -> None:
     root = fleet_root(tmp_path, runs=2)
+    os.mkdir(os.fsencode(root) + b"/\xff")  # a skipped entry: its warning is not said when
+    write_run_json(os.fsdecode(os.fsencode(root) + b"/\xff"))  # the command fails (1 line)
     site = tmp_path / "site"
     site.mkdir()
     (site / "fleet-reports").symlink_to(honey.folder)
