@@ -98,6 +98,7 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
       tracealyze query --fleet /shared/runs "SELECT top_finding, count(*) FROM runs
           GROUP BY 1 ORDER BY 2 DESC"
     """
+    _refuse_unless_read(sql)  # (before any run is opened or any name is bound)
     if fleet_root is not None:
         if run_dirs:
             raise BadInput("give run directories or --fleet ROOT, not both")
@@ -120,9 +121,10 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
 
         opened = open_runs(run_dirs, allow_files=allow_files)
     with opened as runs:
+        cols, rows = runs.query(sql)
+        # (said only once the query ran: a failing query ends on its one line)
         for why in getattr(runs, "skipped", ()):
             click.echo(f"warning: skipped {why}", err=True)
-        cols, rows = runs.query(sql)
     if fmt == "csv":
         import csv
 
@@ -140,6 +142,20 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
         from ..sql.render import render_table
 
         click.echo(render_table(cols, rows))
+
+
+def _refuse_unless_read(sql: str) -> None:
+    """QueryError (one line, exit 2) unless ``sql`` is one read statement (sql.safe's
+    allow-list), checked on a bare connection before anything else happens."""
+    import duckdb
+
+    from ..sql.safe import check_user_sql
+
+    con = duckdb.connect(":memory:")
+    try:
+        check_user_sql(con, sql)
+    finally:
+        con.close()
 
 
 _SET_HELP = ("Override a threshold: DETECTOR.KEY=VALUE (repeatable), "

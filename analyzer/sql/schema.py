@@ -32,6 +32,12 @@ def tables_named(sql: str, other_views: frozenset[str] = frozenset()) -> set[str
 
     con = duckdb.connect(":memory:")
     try:
+        # Binding is not always side-effect free: get_table_names of an EXPORT DATABASE
+        # creates its folder. Only a read is bound, on a connection that can touch no file.
+        con.execute("SET enable_external_access = false")
+        kinds = [str(s.type).rsplit(".", 1)[-1] for s in con.extract_statements(sql)]
+        if kinds not in (["SELECT"], ["EXPLAIN"]):
+            return None
         names = {n.rsplit(".", 1)[-1] for n in con.get_table_names(sql)}
     except duckdb.Error:
         return None

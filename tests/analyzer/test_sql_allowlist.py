@@ -82,8 +82,22 @@ def test_explain_of_a_write_is_refused_however_spelled(con, case: str, analyze: 
 
 
 def _files(root: Path) -> dict[str, tuple[int, int]]:
-    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file and folder under ``root`` (an EXPORT creates a folder)."""
+    return {p.relative_to(root).as_posix(): (p.stat().st_size if p.is_file() else -1,
+                                             p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def test_naming_the_tables_of_a_write_binds_nothing(tmp_path: Path) -> None:
+    """DuckDB's get_table_names of an EXPORT DATABASE creates its folder: the table lookup
+    that picks what a URL query fetches must not bind anything but a read."""
+    from tracealyze.analyzer.sql.schema import tables_named
+
+    assert tables_named(f"EXPORT DATABASE '{tmp_path / 'x'}'") is None
+    assert tables_named(f"EXPLAIN ANALYZE EXPORT DATABASE '{tmp_path / 'y'}'") is None
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+    assert tables_named("SELECT * FROM steps, grads WHERE steps.step = grads.step") == {"steps",
+                                                                           "tensor_stats"}
 
 
 @pytest.mark.parametrize("flags", [[], ["--allow-files"]])
