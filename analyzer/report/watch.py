@@ -6,10 +6,19 @@ rewritten in place (``report``, atomically; the page says it is live and reloads
 Both stop when the run is no longer in progress (completed, crashed, or killed: its
 heartbeat went stale), after one last pass; ``summary --watch --fail-on SEV`` stops at the
 first finding that reaches ``SEV``.
+
+Every wait has a bound. A local run directory is known by its identity (device, inode) from
+the first look that finds it; when it is removed, or replaced (by a link, a file or another
+directory), the watch ends with one line (RunDirError) instead of waiting forever for a run
+that will never write there again. Before the run starts, the folder it is to be made in is
+watched the same way. (Waiting for a run that has not started is a feature: only where it
+could still start is checked.)
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,14 +48,91 @@ def _snapshot(run_dir: Path | str, overrides: Any, config_file: Any
     return summary, summary["run"]["status"] == "running"
 
 
-def _first_wait(run_dir: Path | str) -> None:
-    """RunDirError unless the run's folder, or the folder it will be made in, exists (a
-    watcher may start before the training makes its run directory)."""
-    from tracealyze.format.storage import is_url
+class _Folder:
+    """The run directory a watch follows (a local one), known by its identity from the first
+    look that finds it; before that, the folder it is to be made in. A path given through a
+    link is known by the link and by the directory it leads to: re-pointing it is a
+    replacement too."""
 
-    if not is_url(str(run_dir)) and not Path(run_dir).is_dir() \
-            and not Path(run_dir).absolute().parent.is_dir():
-        raise RunDirError(f"no such directory: {run_dir}")
+    def __init__(self, run_dir: Path | str) -> None:
+        """RunDirError unless the run's folder, or the folder it will be made in, exists (a
+        watcher may start before the training makes its run directory)."""
+        from tracealyze.format.storage import is_url
+
+        self.run_dir = run_dir
+        self.local = not is_url(str(run_dir))
+        self.path = Path(run_dir).absolute()
+        self.ident: tuple[int, ...] | None = None
+        self.parent_ident: tuple[int, ...] | None = None
+        if self.local:
+            if _lstat(self.path) is None and not self.path.parent.is_dir():
+                raise RunDirError(f"no such directory: {run_dir}")
+            self.look()
+
+    def look(self) -> None:
+        """RunDirError when the run directory was removed or replaced since the last look
+        (or, while it does not exist yet, the folder it is to be made in)."""
+        if not self.local:
+            return  # (a URL: each look lists the store, which says when the run is gone)
+        now = _identity(self.path)
+        if self.ident is None:
+            if now is None:
+                self._look_at_parent()
+            elif not stat.S_ISDIR(now[-1]):
+                raise RunDirError(f"not a directory: {self.run_dir}")
+            else:
+                self.ident = now[:-1]
+        elif now is None:
+            raise RunDirError(f"the run directory {self.run_dir} was removed while watching")
+        elif now[:-1] != self.ident or not stat.S_ISDIR(now[-1]):
+            raise RunDirError(f"the run directory {self.run_dir} was replaced while watching "
+                              f"(now {_what(self.path, self.ident)})")
+
+    def _look_at_parent(self) -> None:
+        parent = self.path.parent
+        now = _identity(parent)
+        where = f"the folder {parent}, where the run directory is to be made,"
+        if now is None:
+            raise RunDirError(f"{where} was removed while waiting for the run to start")
+        if self.parent_ident is None:
+            self.parent_ident = now[:-1]
+        elif now[:-1] != self.parent_ident or not stat.S_ISDIR(now[-1]):
+            raise RunDirError(f"{where} was replaced while waiting for the run to start "
+                              f"(now {_what(parent, self.parent_ident)})")
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """(device, inode) of ``path`` itself and of what it leads to, then the mode of the
+    latter; None when it is not there (or is a link that leads nowhere)."""
+    own = _lstat(path)
+    if own is None:
+        return None
+    try:
+        to = os.stat(path) if stat.S_ISLNK(own.st_mode) else own
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return own.st_dev, own.st_ino, to.st_dev, to.st_ino, to.st_mode
+
+
+def _what(path: Path, was: tuple[int, ...]) -> str:
+    """What is at ``path`` now, in words (``was``: its identity before)."""
+    own = _lstat(path)
+    if own is None:
+        return "nothing"
+    if stat.S_ISLNK(own.st_mode):
+        was_link = was[:2] != was[2:]  # (given through a link, which was re-pointed)
+        return "a link to another directory" if was_link and path.is_dir() else \
+            "a symbolic link"
+    if stat.S_ISDIR(own.st_mode):
+        return "another directory"
+    return "a file" if stat.S_ISREG(own.st_mode) else "not a directory"
 
 
 def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float,
@@ -55,11 +141,12 @@ def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float
     """Follow the run; ``say`` each new finding above info as it appears (``note`` the
     progress). Returns the last summary and whether ``fail_on`` was reached (it returns at
     once then)."""
-    _first_wait(run_dir)
+    folder = _Folder(run_dir)
     seen: set[tuple[str, str | None]] = set()
     note(f"watching {run_dir} every {interval_s:g} s (Ctrl-C stops)")
     waiting = False
     while True:
+        folder.look()
         snap = _snapshot(run_dir, overrides, config_file)
         if snap is None:
             if not waiting:
@@ -95,9 +182,10 @@ def watch_report(run_dir: Path | str, out: Path | None, *, interval_s: float, no
     that reloads itself), then once more as a final page; returns where it is."""
     from .page import write_report
 
-    _first_wait(run_dir)
+    folder = _Folder(run_dir)
     note(f"watching {run_dir} every {interval_s:g} s (Ctrl-C stops)")
     while True:
+        folder.look()
         snap_alive = _alive(run_dir)
         if snap_alive is None:
             sleep(interval_s)
