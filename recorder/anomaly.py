@@ -152,13 +152,17 @@ class AnomalyWindow:
 
     def _drop_gradients(self) -> None:
         """The step's gradients are incomplete: none may be applied. A GradScaler must still
-        see them (and skip the step as for an overflow): NaN; else dropped."""
+        see them (and skip the step as for an overflow): NaN, for every trainable parameter
+        (the backward may have stopped before reaching any of them, and a scaler that finds
+        no gradient at all raises "No inf checks were recorded"); else dropped."""
         for p in self.params():
-            if p.grad is not None:
-                if self.scaled:
-                    p.grad.fill_(float("nan"))
+            if self.scaled and p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.full_like(p, float("nan"))
                 else:
-                    p.grad = None
+                    p.grad.fill_(float("nan"))
+            elif p.grad is not None and not self.scaled:
+                p.grad = None
 
 def start(rec: Any) -> AnomalyWindow | None:
     """The Recorder's anomaly mode at start: on for good (``True``), or a window that the

@@ -168,3 +168,26 @@ def test_a_run_whose_nans_never_stop_opens_at_most_three_windows(tmp_path: Path)
               if json.loads(e["details"]).get("steps")]
     assert len(opened) == MAX_WINDOWS  # not one every few steps for the rest of the run
     assert not torch.is_anomaly_enabled()
+
+
+def test_a_backward_stopped_before_any_gradient_still_lets_the_scaler_skip() -> None:
+    """The window caught a NaN in the loss's own backward op (the first one to run): no
+    parameter got a gradient, and GradScaler.step raised "No inf checks were recorded for
+    this optimizer" (the suite's GradScaler test failed one run in three on this)."""
+    from tracealyze.recorder.anomaly import AnomalyWindow
+
+    m = nn.Linear(4, 1)
+    frozen = nn.Parameter(torch.zeros(2), requires_grad=False)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    window = AnomalyWindow(5, "record", lambda *a, **k: None,
+                           lambda: [*m.parameters(), frozen], scaled=True)
+    before = [p.detach().clone() for p in m.parameters()]
+    scaler.scale(m(torch.ones(1, 4)).sum())  # (the scaled loss whose backward failed)
+    window._drop_gradients()
+    assert all(p.grad is not None and p.grad.isnan().all() for p in m.parameters())
+    assert frozen.grad is None
+    scaler.step(opt)  # skipped as an overflow, not an error
+    scaler.update()
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters(), strict=True))
+    assert scaler.get_scale() < 2.0**16
