@@ -173,6 +173,27 @@ class Dir:
             data = fh.read(limit + 1)
         return data if len(data) <= limit else None
 
+    def files(self) -> list[tuple[str, int, float]]:
+        """``(name, size, mtime)`` of the regular files in this folder (links and folders
+        left out, never followed)."""
+        out = []
+        with os.scandir(self.fd) as it:
+            for e in it:
+                try:
+                    if e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        out.append((e.name, st.st_size, st.st_mtime))
+                except OSError:
+                    continue
+        return out
+
+    def mark_used(self, name: str) -> None:
+        """Set the regular file ``name``'s modification time to now (a cache entry read
+        again: the last to be evicted). Never through a link; absent is fine."""
+        with contextlib.suppress(OSError):
+            if self.kind(name) == "file":
+                os.utime(name, dir_fd=self.fd, follow_symlinks=False)
+
     # -- writing ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def new_file(self, name: str, mode: int = 0o644, *, durable: bool = True

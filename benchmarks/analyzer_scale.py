@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -122,8 +123,13 @@ def main() -> None:
                     "dir, removed afterwards)")
     ap.add_argument("--no-second-size", action="store_true",
                     help="skip the half-size run used to show the growth")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="also put this raw profiler trace under the run's traces/rank=0/: "
+                         "the first summary parses it (a cold cache, reported apart), the "
+                         "others read its rows from the analyzer's trace cache")
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="tracealyze-scale-"))
+    os.environ["TRACEALYZE_CACHE_DIR"] = str(root / "cache")  # cold at the start
     sizes = [args.steps] + ([] if args.no_second_size else [args.steps // 2])
     results = []
     try:
@@ -137,6 +143,12 @@ def main() -> None:
             mb = sum(p.stat().st_size for p in run_dir.rglob("*.parquet")) / 1e6
             print(f"{steps:,} steps × {args.tensors} tensors: {rows:,} tensor_stats rows, "
                   f"{mb:.0f} MB Parquet, written in {wt:.1f} s")
+            if args.trace is not None:
+                (run_dir / "traces" / "rank=0").mkdir(parents=True)
+                shutil.copyfile(args.trace, run_dir / "traces" / "rank=0" / args.trace.name)
+                cold = time_summary(run_dir, 1)[0]
+                print(f"  summary with {args.trace.name} ({args.trace.stat().st_size / 1e3:.0f}"
+                      f" KB), cold trace cache: {cold:.2f} s")
             times = time_summary(run_dir, args.repeats)
             med = statistics.median(times)
             results.append((steps, rows, med))

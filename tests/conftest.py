@@ -18,6 +18,22 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The analyzer's caches (URL mirrors, parsed raw traces) go to the session's own folder,
+    for every test and the processes they start: never the user's ~/.cache, and no test
+    sees another session's entries."""
+    import os
+
+    old = os.environ.get("TRACEALYZE_CACHE_DIR")
+    os.environ["TRACEALYZE_CACHE_DIR"] = str(tmp_path_factory.mktemp("tracealyze-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TRACEALYZE_CACHE_DIR", None)
+    else:
+        os.environ["TRACEALYZE_CACHE_DIR"] = old
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

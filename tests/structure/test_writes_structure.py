@@ -29,6 +29,8 @@ PRIVATE_ONLY = {
     "analyzer/fleet/engines.py": "the Spark zip is written into a fresh mkdtemp folder",
     "analyzer/fleet/index.py": "pq.write_table into an in-memory buffer (pa.BufferOutputStream)"
                                " whose bytes go to writes.Dir.write_atomic",
+    "analyzer/run/trace_cache.py": "pq.write_table into an in-memory buffer, written through "
+                                   "writes.Dir.write_atomic",
 }
 
 
