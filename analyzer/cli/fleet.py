@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import click
 
 from .edge import EXIT_FAIL_ON, edge
-
-
-def _progress(what: str, enabled: bool):  # type: ignore[no-untyped-def]
-    """A progress line on stderr at most every 2 s (and at the end), when ``enabled``."""
-    last = [0.0]
-    t0 = time.monotonic()
-
-    def show(done: int, total: int) -> None:
-        now = time.monotonic()
-        if enabled and (now - last[0] >= 2.0 or done == total):
-            last[0] = now
-            click.echo(f"fleet: {what} {done:,}/{total:,} runs ({now - t0:.0f} s)", err=True)
-    return show
 
 
 @click.command()
@@ -70,16 +56,25 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
 
     if reports and out is None:
         raise ConfigError("--reports writes the reports next to the page: give -o fleet.html")
-    show = not quiet and sys.stderr.isatty()
-    result = run_fleet(list(roots), engine=engine, jobs=jobs, index=index,
-                       spark_master=spark_master, progress=_progress("analysed", show))
+    from ..report.progress import counter
+
+    show, done = counter("fleet: analysed", not quiet)
+    try:
+        result = run_fleet(list(roots), engine=engine, jobs=jobs, index=index,
+                           spark_master=spark_master, progress=show)
+    finally:
+        done()
     if out is not None:
         from ..fleet.page import write_page, write_reports
 
         links = {}
         if reports:
             folder = out.parent / f"{out.stem}-reports"
-            links = write_reports(result, folder, _progress("reports of", show))
+            show, done = counter("fleet: reports", not quiet)
+            try:
+                links = write_reports(result, folder, show)
+            finally:
+                done()
             prefix = f"{folder.name}/"
         write_page(result, out, links, prefix if reports else "")
     # what was not analysed, one line each (a stranger's entry never stops the others);

@@ -12,8 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import sys
-import threading
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -26,6 +24,7 @@ from .cards import cards, for_display
 from .context import ReportContext
 from .figures import Chart
 from .header import run_header
+from .progress import Progress
 
 PLOTLY_FILE = "plotly-cartesian.min.js"
 PLOTLY_VERSION_FILE = "plotly-cartesian.VERSION.txt"
@@ -44,59 +43,6 @@ def script_json(data: Any) -> str:
     for ch, rep in _SCRIPT_ESCAPES.items():
         text = text.replace(ch, rep)
     return text
-
-
-class Progress:
-    """A progress bar on stderr that appears only once the work has taken more than a second
-    (a small report stays silent). A timer draws it at that second even in the middle of a
-    long stage (the detectors on a big run), then each finished stage redraws it."""
-
-    def __init__(self, total: int, enabled: bool, stream: Any = None,
-                 delay_s: float = 1.0) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.stream = stream or sys.stderr
-        self.start = time.perf_counter()
-        self.delay_s = delay_s
-        self.shown = False
-        self.label = "opening run"
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        if enabled and delay_s > 0:
-            self._timer = threading.Timer(delay_s, self._draw)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def step(self, label: str) -> None:
-        with self._lock:
-            self.done += 1
-            self.label = label
-        if self.enabled and time.perf_counter() - self.start >= self.delay_s:
-            self._draw()
-
-    def _draw(self) -> None:
-        with self._lock:
-            if self.done > self.total:
-                return
-            self.shown = True
-            width = 24
-            fill = round(width * self.done / self.total)
-            bar = (f"report [{'#' * fill}{'.' * (width - fill)}] "
-                   f"{self.done}/{self.total} {self.label}")
-            if self.tty:
-                self.stream.write("\r" + bar.ljust(72))
-            else:
-                self.stream.write(bar + "\n")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        with self._lock:
-            self.done = self.total + 1  # a late timer must not draw after this
-            if self.shown and self.tty:
-                self.stream.write("\n")
-                self.stream.flush()
 
 
 def _open_run(run_dir: Path | str) -> Any:
