@@ -6,7 +6,8 @@ take credentials from each store's standard chain (environment, config files, in
 roles), the endpoint of an S3-compatible store (MinIO) from ``AWS_ENDPOINT_URL`` and a Cloud
 Storage emulator's from ``STORAGE_EMULATOR_HOST`` (as Google's own client libraries): no
 second client library, and no DuckDB extension downloaded at run time (machines may be
-offline).
+offline). Every request to a store ends within ``TRACEALYZE_STORE_TIMEOUT_S`` seconds
+(default 20; :mod:`.storetime`): a frozen store is a one-line error, not a hang.
 
 A run directory in a store is a prefix. What of it is run data is decided by the format's
 names alone (:func:`run_file`): ``run.json``, ``ranks/rank=<r>.json``,
@@ -65,8 +66,10 @@ class StoredFile:
 
 
 def locate(url: str) -> Location:
-    """The filesystem and root of ``url``. ValueError for a URL this cannot serve (an
-    unknown scheme, no bucket, a path with ``..``); OSError when the store refuses."""
+    """The filesystem and root of ``url``, every request through it bounded
+    (:mod:`.storetime`). ValueError for a URL this cannot serve (an unknown scheme, no
+    bucket, a path with ``..``) or a bad ``TRACEALYZE_STORE_TIMEOUT_S``; OSError when the
+    store refuses (TimeoutError when it does not answer)."""
     m = _URL_RE.match(url)
     if m is None:
         raise ValueError(f"not a URL: {url!r}")
@@ -83,16 +86,38 @@ def locate(url: str) -> Location:
         raise ValueError(f"'.' or '..' in the run URL {url!r}")
     from pyarrow import fs as pafs
 
+    from . import storetime
+
+    kind = SCHEMES[scheme]
+    bound = storetime.timeout_s() if kind != "file" else 0.0
     try:
-        special = (_gcs_emulator(SCHEMES[scheme], parts.netloc, parts.path)
-                   or _azure(SCHEMES[scheme], parts.netloc, parts.path))
-        filesystem, root = special or pafs.FileSystem.from_uri(url)
+        special = (_gcs_emulator(kind, parts.netloc, parts.path, bound)
+                   or _azure(kind, parts.netloc, parts.path))
+        if special:
+            filesystem, root = special
+        elif kind == "s3":
+            # in a worker thread: with no endpoint set, from_uri asks AWS for the bucket's
+            # region on a client of its own, which takes no timeouts. (The error line comes
+            # within the bound; the exit may still wait for that request: pyarrow's S3
+            # shutdown waits for requests in flight.)
+            filesystem, root = storetime.call(lambda: pafs.FileSystem.from_uri(url), bound,
+                                              f"finding the region of {parts.netloc}")
+        elif kind == "gs":
+            filesystem, root = pafs.FileSystem.from_uri(
+                f"{url}?retry_limit_seconds={storetime.gcs_retry_s(bound)}")
+        else:
+            filesystem, root = pafs.FileSystem.from_uri(url)
     except (ValueError, TypeError) as e:  # pyarrow: ArrowInvalid is a ValueError
         raise ValueError(f"cannot use {url!r}: {e}") from None
+    if kind == "s3":
+        filesystem = storetime.bounded_s3(filesystem, bound)
+    elif kind in ("gs", "abfs"):
+        filesystem = storetime.bounded(filesystem, bound, f"{scheme}://")
     return Location(url=url.rstrip("/"), fs=filesystem, root=root.rstrip("/"))
 
 
-def _gcs_emulator(kind: str, bucket: str, path: str) -> tuple[Any, str] | None:
+def _gcs_emulator(kind: str, bucket: str, path: str, bound: float
+                  ) -> tuple[Any, str] | None:
     """A ``gs://`` URL served by a Cloud Storage emulator: Google's client libraries take its
     address from ``STORAGE_EMULATOR_HOST`` (``http://host:port`` or ``host:port``), with no
     credentials. None for any other URL or when the variable is unset."""
@@ -102,8 +127,11 @@ def _gcs_emulator(kind: str, bucket: str, path: str) -> tuple[Any, str] | None:
     from pyarrow import fs as pafs
 
     scheme, _, rest = host.rpartition("://")
+    from .storetime import gcs_retry
+
     return (pafs.GcsFileSystem(endpoint_override=rest.rstrip("/"), scheme=scheme or "http",
-                               anonymous=True), f"{bucket}{path}")
+                               anonymous=True, retry_time_limit=gcs_retry(bound)),
+            f"{bucket}{path}")
 
 
 def _azure(kind: str, netloc: str, path: str) -> tuple[Any, str] | None:
