@@ -79,8 +79,8 @@ def test_a_second_command_fetches_only_what_changed(s3: str, tmp_path: Path,
     url = f"s3://{s3}/r"
     upload_run(local, url)
     fetched: list[str] = []
-    real = storage.read_bytes  # (what format.storage.fetch reads with)
-    monkeypatch.setattr(storage, "read_bytes", lambda loc, rel: fetched.append(rel)
+    real = storage.read_bytes  # (what the mirror's fetch reads with, imported by name)
+    monkeypatch.setattr(remote, "read_bytes", lambda loc, rel: fetched.append(rel)
                         or real(loc, rel))
     ranged: list[str] = []  # the parts' ranged reads
     real_range = inplace.RangeCache._fetch
