@@ -29,7 +29,7 @@ TENSORS = 32
 def record_killed(run_dir: Path, flushes: int, fanout: int) -> float:
     from tracealyze.format.parts import write_json_atomic
     from tracealyze.format.runmeta import new_rank_meta, new_run_meta
-    from tracealyze.recorder.writer import Writer
+    from tracealyze.recorder.write.writer import Writer
 
     meta = new_run_meta(preset="standard", knobs={}, world_size=1, flush_interval_s=10.0)
     meta["heartbeat"] = meta["started"] = time.time() - 3600  # killed an hour ago

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 from tracealyze.recorder.capture import Piece
-from tracealyze.recorder.rows import StepItem
-from tracealyze.recorder.writer import Writer, merge_parts
+from tracealyze.recorder.write.rows import StepItem
+from tracealyze.recorder.write.writer import Writer, merge_parts
 
 
 def synthetic_values(tensors: int, steps: int, seed: int = 0) -> np.ndarray:

@@ -124,7 +124,7 @@ class RecorderConfig:
     tune_malloc: bool = True
     """CPU training on glibc: fix malloc's trim and mmap thresholds (32/64 MiB) so that the
     recorder's own allocations cannot tip the heap into trimming and re-faulting memory on
-    every step (recorder/heap.py). False leaves malloc alone."""
+    every step (recorder/training/heap.py). False leaves malloc alone."""
     handle_sigterm: bool = True
     """Close the run (status crashed, data flushed) on SIGTERM, then let the signal proceed."""
 

@@ -33,21 +33,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .activations import ActivationCapture, join_pieces
-from .amp import ScalerHook
 from .capture import Piece, StepAccum, StepItem, pack, watchable
 from .config import RecorderConfig
-from .gradients import GradReader, due
-from .guard import Guard
-from .hooks import is_compiling
-from .loader import batch_size_of
-from .profiling import ProfilerSchedule
-from .rundir import RunDir
-from .sampler import MemoryProbe
-from .samples import MAX_IDS
+from .live.guard import Guard
 from .stepstate import StepMachine
-from .throughput import FlopMeter, tokens_of
-from .writer import Writer
+from .tensors.activations import ActivationCapture, join_pieces
+from .tensors.amp import ScalerHook
+from .tensors.gradients import GradReader, due
+from .tensors.hooks import is_compiling
+from .training.loader import batch_size_of
+from .training.profiling import ProfilerSchedule
+from .training.sampler import MemoryProbe
+from .training.samples import MAX_IDS
+from .training.throughput import FlopMeter, tokens_of
+from .write.rundir import RunDir
+from .write.writer import Writer
 
 
 class StepLifecycle:

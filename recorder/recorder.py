@@ -26,32 +26,32 @@ from torch import nn
 from tracealyze.format.parts import COMPACT_FANOUT
 from tracealyze.format.spool import Spool
 
-from . import anomaly, clipping
-from .activations import ActivationCapture
-from .amp import ScalerHook
-from .budget import NormBudget
 from .capture import event_row, exception_row
 from .config import Preset, RecorderConfig, check_arguments, unwrap_optimizer
-from .coverage import Coverage
-from .dist import rank_and_world, watch_compute
-from .gradients import GradReader
-from .guard import Guard
-from .heap import tune_for
-from .hooks import compiled, device_of, remove_all, unwrap_model, wrapped_in_ddp
-from .interrupts import HeldInterrupts, say_gave_up
 from .lifecycle import StepLifecycle
-from .loader import TimedLoader
-from .model_tree import ModelWatch
-from .process_hooks import ProcessHooks
-from .profiling import ProfilerSchedule
-from .report_to import Reporter
-from .rows import StepRows
-from .rundir import RunDir
-from .sampler import MemoryProbe, SystemSampler
-from .stats import FullStats
-from .structure import StructureProbe
-from .throughput import FlopMeter
-from .writer import Writer, merge_parts
+from .live.dist import rank_and_world, watch_compute
+from .live.guard import Guard
+from .live.interrupts import HeldInterrupts, say_gave_up
+from .live.process_hooks import ProcessHooks
+from .tensors import anomaly, clipping
+from .tensors.activations import ActivationCapture
+from .tensors.amp import ScalerHook
+from .tensors.budget import NormBudget
+from .tensors.gradients import GradReader
+from .tensors.hooks import compiled, device_of, remove_all, unwrap_model, wrapped_in_ddp
+from .tensors.stats import FullStats
+from .training.coverage import Coverage
+from .training.heap import tune_for
+from .training.loader import TimedLoader
+from .training.model_tree import ModelWatch
+from .training.profiling import ProfilerSchedule
+from .training.sampler import MemoryProbe, SystemSampler
+from .training.structure import StructureProbe
+from .training.throughput import FlopMeter
+from .write.report_to import Reporter
+from .write.rows import StepRows
+from .write.rundir import RunDir
+from .write.writer import Writer, merge_parts
 
 _SEVERITIES = ("info", "warning", "error", "critical")
 

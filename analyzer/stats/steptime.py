@@ -27,7 +27,7 @@ def recorder_busy(knobs: Mapping[str, Any], step: np.ndarray) -> np.ndarray:
         warmup = int(knobs.get("profile_warmup") or 0)
         active = int(knobs.get("profile_active") or 1)
         windows = int(knobs.get("profile_max_windows") or 1)
-        first = start - warmup  # as recorder/profiling.py schedules them
+        first = start - warmup  # as recorder/training/profiling.py schedules them
         starts = [max(first, 0)]
         if every > 0:
             starts += [first + k * every for k in range(1, windows)]

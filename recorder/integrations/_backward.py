@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..hooks import is_compiling
+from ..tensors.hooks import is_compiling
 
 Listener = Callable[[torch.Tensor], None]
 

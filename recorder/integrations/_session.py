@@ -15,7 +15,7 @@ from tracealyze.format.storage import is_url
 
 from ..config import RecorderConfig
 from ..recorder import Recorder
-from ..runmeta import read_json
+from ..write.runmeta import read_json
 from . import _backward
 from ._timing import time_batches, time_next
 

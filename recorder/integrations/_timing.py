@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..loader import timed_loader
-from ..samples import SamplerTap
+from ..training.loader import timed_loader
+from ..training.samples import SamplerTap
 
 
 def time_batches(loader: Any, on_wait: Callable[..., None],

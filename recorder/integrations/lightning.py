@@ -120,7 +120,7 @@ def _sample_tap(trainer: Any) -> Any:
     draws through the tap. Lightning's private fetcher and combined loader are read only
     as far as they are what is expected (one DataLoader under the prefetching fetcher);
     otherwise None: no ids, never ids paired with the wrong batch."""
-    from ..samples import in_flight, install, tap_running
+    from ..training.samples import in_flight, install, tap_running
 
     try:
         fetcher = trainer.fit_loop._data_fetcher

@@ -147,7 +147,7 @@ def test_bad_anomaly_knobs_are_refused_at_construction(tmp_path: Path, knobs: di
 
 
 def test_a_run_whose_nans_never_stop_opens_at_most_three_windows(tmp_path: Path) -> None:
-    from tracealyze.recorder.anomaly import MAX_WINDOWS
+    from tracealyze.recorder.tensors.anomaly import MAX_WINDOWS
 
     torch.manual_seed(0)
     m = Net()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from tracealyze.format.parts import COMPACT_FANOUT, compact, data_parts, top_level
-from tracealyze.recorder.writer import Writer
+from tracealyze.recorder.write.writer import Writer
 
 
 def _writer(run_dir: Path, fanout: int = COMPACT_FANOUT) -> Writer:
@@ -76,7 +76,7 @@ def test_killed_mid_merge_counts_rows_once(tmp_path: Path) -> None:
 
 
 def test_merge_at_close_leaves_one_file(tmp_path: Path) -> None:
-    from tracealyze.recorder.writer import merge_parts
+    from tracealyze.recorder.write.writer import merge_parts
 
     run = tmp_path / "run"
     w = _writer(run, fanout=4)

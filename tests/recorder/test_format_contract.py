@@ -16,7 +16,7 @@ import torch
 from rec_helpers import DESIGN_MINIMUM, REPO, batches, loss_fn, part_files, tiny_model
 from tracealyze.analyzer.sql import schema as analyzer_schema
 from tracealyze.recorder import Recorder
-from tracealyze.recorder import schema as recorder_schema
+from tracealyze.recorder.write import schema as recorder_schema
 
 # Tables only the analyzer fills (from profiler traces); the recorder never writes them.
 ANALYZER_ONLY = {"trace_events"}

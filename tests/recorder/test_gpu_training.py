@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from rec_helpers import FAST
 from torch import nn
 from tracealyze.recorder import Recorder
-from tracealyze.recorder.throughput import peak_for
+from tracealyze.recorder.training.throughput import peak_for
 
 from tests.matrix.models import SEQ, VOCAB, NanoGPT, nanogpt_loss
 from tests.recorder.test_backward_nan import BAD_FROM, Block, SqrtGate, _run, _tokens

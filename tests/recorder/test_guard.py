@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tracealyze.recorder.guard import Guard
-from tracealyze.recorder.writer import Writer
+from tracealyze.recorder.live.guard import Guard
+from tracealyze.recorder.write.writer import Writer
 
 
 def test_a_failure_is_counted_said_once_per_kind_and_recorded(capsys) -> None:

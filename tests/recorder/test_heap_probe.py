@@ -5,7 +5,7 @@ a None in), and the memory rows still carry it."""
 from __future__ import annotations
 
 import pytest
-from tracealyze.recorder.sampler import MemoryProbe
+from tracealyze.recorder.training.sampler import MemoryProbe
 
 pytestmark = pytest.mark.skipif(MemoryProbe._mallinfo is None, reason="needs glibc")
 

@@ -1,5 +1,5 @@
-"""The recorder fixes glibc's malloc thresholds for CPU training (recorder/heap.py), says so
-in an event, and leaves malloc alone when told to. Child processes: the thresholds are
+"""The recorder fixes glibc's malloc thresholds for CPU training (recorder/training/heap.py),
+says so in an event, and leaves malloc alone when told to. Child processes: the thresholds are
 process-wide."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_cpu_training_gets_fixed_malloc_thresholds_unless_told_not_to(tmp_path: 
 
 
 def test_the_thresholds_are_set_with_mallopt() -> None:
-    from tracealyze.recorder import heap
+    from tracealyze.recorder.training import heap
 
     got = heap.fix_thresholds()
     if got is None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from rec_helpers import batches, run_json, steps_by_number, tiny_model, train
 from tracealyze.recorder import Recorder, interrupts
-from tracealyze.recorder.writer import Writer
+from tracealyze.recorder.write.writer import Writer
 
 
 def _slow_flush(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from rec_helpers import FAST, batches, rows, steps_by_number, tiny_model, train
 from tracealyze.recorder import Recorder, budget
-from tracealyze.recorder.budget import MAX_STRIDE, NormBudget
+from tracealyze.recorder.tensors.budget import MAX_STRIDE, NormBudget
 
 
 def feed(b: NormBudget, cost: float, period: float, n: int) -> list[int]:

@@ -33,7 +33,7 @@ from rec_helpers import (
 )
 from torch import nn
 from tracealyze.recorder import PRESETS, Recorder, RecorderConfig
-from tracealyze.recorder.schema import TABLES
+from tracealyze.recorder.write.schema import TABLES
 
 # DESIGN.md's minimum columns; every table also has rank.
 PARAM_NAMES = ["0.weight", "0.bias", "2.weight", "2.bias"]
@@ -500,7 +500,7 @@ def test_wrap_loader_measures_data_wait(run_dir: Path, model_opt: Any) -> None:
 
 
 def test_batch_size_of_finds_the_leading_dimension() -> None:
-    from tracealyze.recorder.loader import batch_size_of
+    from tracealyze.recorder.training.loader import batch_size_of
 
     x = torch.zeros(7, 3)
     assert batch_size_of(x) == 7

@@ -145,7 +145,7 @@ def test_a_meta_piece_past_validation_costs_only_its_values() -> None:
     """Defence in depth: a piece that cannot be read becomes NaN; the step's other values
     are kept (capture.pack, rows._vector)."""
     from tracealyze.recorder.capture import StepAccum, pack
-    from tracealyze.recorder.rows import _vector
+    from tracealyze.recorder.write.rows import _vector
 
     acc = StepAccum(step=0)
     acc.tensors = [torch.tensor([1.0, 2.0]), torch.empty(2, device="meta"), torch.tensor([3.0])]

@@ -31,7 +31,7 @@ from rec_helpers import (
 )
 from tracealyze.analyzer.run.catalog import open_run
 from tracealyze.recorder import Recorder
-from tracealyze.recorder.writer import merge_parts
+from tracealyze.recorder.write.writer import merge_parts
 
 pytestmark = pytest.mark.slow
 CHILD = str(HERE / "rec_child.py")

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-import tracealyze.recorder.gradients as gradients_mod
-import tracealyze.recorder.rows as rows_mod
-import tracealyze.recorder.sampler as sampler_mod
-import tracealyze.recorder.writer as writer_mod
+import tracealyze.recorder.tensors.gradients as gradients_mod
+import tracealyze.recorder.training.sampler as sampler_mod
+import tracealyze.recorder.write.rows as rows_mod
+import tracealyze.recorder.write.writer as writer_mod
 from rec_helpers import (
     FAST,
     batches,

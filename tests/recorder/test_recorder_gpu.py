@@ -10,7 +10,7 @@ import pytest
 import torch
 from rec_helpers import rows, steps_by_number, tiny_model
 from tracealyze.recorder import Recorder
-from tracealyze.recorder.stats import FullStats, norms
+from tracealyze.recorder.tensors.stats import FullStats, norms
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""tracealyze.recorder.stats against a NumPy float64 reference (property-based).
+"""tracealyze.recorder.tensors.stats against a NumPy float64 reference (property-based).
 
 Semantics (FORMAT.md): IEEE over all elements like plain NumPy — norm, abs-max, mean, std
 (ddof=0), min, max, zero fraction, nonfinite count; an empty tensor has norm 0, nonfinite 0
@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from tracealyze.recorder.stats import (
+from tracealyze.recorder.tensors.stats import (
     ABSMAX,
     MAX,
     MEAN,
@@ -275,7 +275,7 @@ def test_host_path_two_pass_std_near_constant_weights(n: int, chunk: int) -> Non
 
 
 def test_cpu_tensors_take_the_host_path_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tracealyze.recorder.stats as stats_mod
+    import tracealyze.recorder.tensors.stats as stats_mod
 
     calls = []
     real = stats_mod.host_stats

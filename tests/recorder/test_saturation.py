@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 from tracealyze.analyzer.diagnosis.summary import build_summary
 from tracealyze.recorder import Recorder
-from tracealyze.recorder.saturation import bound_kind, saturated_share
+from tracealyze.recorder.tensors.saturation import bound_kind, saturated_share
 
 
 @settings(max_examples=60, deadline=None)

@@ -14,7 +14,7 @@ import torch
 from rec_helpers import FAST
 from torch.utils.flop_counter import FlopCounterMode
 from tracealyze.recorder import Recorder
-from tracealyze.recorder.throughput import peak_for, tokens_of
+from tracealyze.recorder.training.throughput import peak_for, tokens_of
 
 from tests.matrix.models import SEQ, VOCAB, NanoGPT, ResNet, nanogpt_loss
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tracealyze.recorder.writer import Writer
+from tracealyze.recorder.write.writer import Writer
 
 
 def wait_for(cond, timeout: float = 10.0) -> bool:

@@ -578,7 +578,7 @@ def run_strided_norms(run_dir: str | os.PathLike[str], *, scenario: str = "run_h
     """Any scenario with the gradient norms spread by the norm budget, as on a host where
     reading them costs more than 1% of the step: a budget no read meets and no floor, so
     after the warm-up reads (11 steps) they come every 64th step."""
-    from tracealyze.recorder import budget
+    from tracealyze.recorder.tensors import budget
 
     budget.MIN_COST_S = 0.0  # this process only (scenarios run in their own interpreter)
     return globals()[scenario](run_dir, **{**knobs, "grad_norm_budget": 1e-9})

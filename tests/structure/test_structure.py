@@ -150,6 +150,54 @@ def test_analyzer_imports_point_only_downward() -> None:
     assert not bad, "imports that point up a layer:\n" + "\n".join(sorted(bad))
 
 
+# The recorder's rooms and top-level modules, lowest first (CONTRIBUTING.md's map): a module
+# may import its own room and those below it, never one above.
+RECORDER_LAYERS = ["config", "capture", "live", "tensors", "training", "write", "stepstate",
+                   "lifecycle", "recorder", "integrations"]
+RECORDER_ROOMS = {"live", "tensors", "training", "write", "integrations"}
+
+
+def _recorder_layer(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tracealyze", "recorder"] else None
+
+
+def test_recorder_is_in_rooms() -> None:
+    top = {f.stem for f in (REPO / "recorder").glob("*.py")} - {"__init__"}
+    assert top == set(RECORDER_LAYERS) - RECORDER_ROOMS, sorted(top)
+    rooms = {d.name for d in (REPO / "recorder").iterdir()
+             if d.is_dir() and (d / "__init__.py").exists()}
+    assert rooms == RECORDER_ROOMS, sorted(rooms)
+    for room in RECORDER_ROOMS - {"integrations"}:
+        face = (REPO / "recorder" / room / "__init__.py").read_text()
+        assert "_EXPORTS" in face and '"""' in face, f"recorder/{room}: no face"
+
+
+def test_recorder_rooms_import_only_downward() -> None:
+    mods = modules()
+    known = set(mods)
+    rank = {name: i for i, name in enumerate(RECORDER_LAYERS)}
+    bad = []
+    for m, p in mods.items():
+        src = _recorder_layer(m)
+        if src is None:
+            continue
+        for t in imports_of(m, p, known):
+            dst = _recorder_layer(t)
+            if dst is not None and rank[dst] > rank[src]:
+                bad.append(f"{m} -> {t}")
+    assert not bad, "recorder imports that point up a room:\n" + "\n".join(sorted(bad))
+
+
+def test_recorder_room_faces_name_what_exists() -> None:
+    import importlib
+
+    for room in RECORDER_ROOMS - {"integrations"}:
+        pkg = importlib.import_module(f"tracealyze.recorder.{room}")
+        for name in pkg.__all__:
+            assert getattr(pkg, name) is not None, f"{room}.{name}"
+
+
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation",
                   "cuda_runtime", "cuda_driver")
 

@@ -3,7 +3,7 @@ while the rest of the model trains. Named, as information: a frozen backbone or 
 is often meant; a block frozen by mistake is the first thing to rule out when a model
 learns less than it should. (Frozen but still in the optimizer: ``optimizer_coverage``.)
 
-Reads the recorder's ``param_coverage`` events (recorder/coverage.py).
+Reads the recorder's ``param_coverage`` events (recorder/training/coverage.py).
 """
 
 from __future__ import annotations

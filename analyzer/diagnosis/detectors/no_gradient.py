@@ -3,8 +3,8 @@ yet never holds a gradient after backward does not learn: the graph is cut befor
 ``.detach()``, ``torch.no_grad()``, ``.data``, a tensor rebuilt from numpy) while its module
 still runs. Frozen modules are ``frozen_module``'s.
 
-Reads the recorder's ``param_coverage`` events (recorder/coverage.py): per parameter, whether
-it ever had a ``.grad``. Modules whose forward never ran are ``unused_module``'s.
+Reads the recorder's ``param_coverage`` events (recorder/training/coverage.py): per
+parameter, whether it ever had a ``.grad``. Modules whose forward never ran are ``unused_module``'s.
 """
 
 from __future__ import annotations

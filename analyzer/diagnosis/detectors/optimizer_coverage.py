@@ -3,7 +3,7 @@ param group gets gradients that nothing applies (the classic ``optimizer =
 Adam(model.encoder.parameters())`` after adding a head); a frozen parameter in the optimizer
 is usually a block frozen by mistake, or a freeze that was meant to be undone.
 
-From the recorder's ``param_coverage`` events (recorder/coverage.py), which compare
+From the recorder's ``param_coverage`` events (recorder/training/coverage.py), which compare
 ``requires_grad`` with the optimizer's param groups.
 """
 

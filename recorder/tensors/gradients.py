@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture import Piece, StepAccum
+from ..config import RecorderConfig
 from . import stats
 from .budget import NormBudget
-from .capture import Piece, StepAccum
-from .config import RecorderConfig
 from .stats import FullStats, NormPlan, norms
 
 

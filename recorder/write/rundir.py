@@ -18,7 +18,7 @@ from tracealyze.format.parts import (
     remove_stale_tmp,
 )
 
-from .gradients import is_dtensor
+from ..tensors.gradients import is_dtensor
 from .ranklock import RankLock
 from .runmeta import new_run_meta, rank_meta, read_json, write_json_atomic
 from .schema import SCHEMA_VERSION

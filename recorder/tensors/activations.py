@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capture import Piece, StepAccum
+from ..config import RecorderConfig
 from .backward import GradProbes
-from .capture import Piece, StepAccum
-from .config import RecorderConfig
 from .gradients import due
 from .hooks import ActivationHooks, nonfinite_probes
 from .saturation import bounded_modules, saturated_share

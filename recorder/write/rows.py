@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .backward import origin
+from ..capture import StepItem
+from ..tensors.backward import origin
+from ..training.throughput import throughput_columns
 from .buffers import Codes
-from .capture import StepItem
 from .schema import STAT_COLUMNS
-from .throughput import throughput_columns
 
 if TYPE_CHECKING:
 
-    from .capture import Piece
+    from ..capture import Piece
 
 
 class Writer(Protocol):

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hooks import is_compiling
-from .saturation import bound_kind
+from ..tensors.hooks import is_compiling
+from ..tensors.saturation import bound_kind
 
 _MEAN_REMOVING = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)
 """Normalisations that remove every channel's mean (so a per-channel bias before them)."""

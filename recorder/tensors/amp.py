@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .capture import Piece, StepAccum
+from ..capture import Piece, StepAccum
 
 
 class ScalerHook:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .config import report_targets as parse
+from ..config import report_targets as parse
 
 _CLI = [sys.executable, "-c", "from tracealyze.analyzer.cli import main; main()"]
 

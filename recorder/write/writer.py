@@ -36,9 +36,9 @@ from tracealyze.format.parts import (
     write_parquet_atomic,
 )
 
+from ..capture import StepItem
+from ..live.guard import Guard
 from .buffers import TableBuffer
-from .capture import StepItem
-from .guard import Guard
 from .rows import StepRows
 from .schema import TABLES
 
