@@ -174,7 +174,7 @@ def test_a_backward_stopped_before_any_gradient_still_lets_the_scaler_skip() -> 
     """The window caught a NaN in the loss's own backward op (the first one to run): no
     parameter got a gradient, and GradScaler.step raised "No inf checks were recorded for
     this optimizer" (the suite's GradScaler test failed one run in three on this)."""
-    from tracealyze.recorder.anomaly import AnomalyWindow
+    from tracealyze.recorder.tensors.anomaly import AnomalyWindow
 
     m = nn.Linear(4, 1)
     frozen = nn.Parameter(torch.zeros(2), requires_grad=False)
