@@ -7,8 +7,9 @@ time) and judged by the real analyzer; prints the rates table that README shows.
     python benchmarks/matrix.py --root /tmp/matrix --judge-only     # re-judge recorded runs
     python benchmarks/matrix.py --root /tmp/new --pathologies nan_backward late_block
 
-CI runs seed 0 of every cell (tests/matrix/test_matrix.py). Runs already recorded under
---root are kept (delete the folder to record again).
+The suite records a slice of seed 0 that has every architecture and every cell at least once
+(tests/matrix/test_matrix.py; TRACEALYZE_FULL_MATRIX=1 runs every cell there). Runs already
+recorded under --root are kept (delete the folder to record again).
 """
 
 from __future__ import annotations
