@@ -1,4 +1,4 @@
-"""The attacker's pass (issue 42) by the hundred: N hostile cases (``tests/hostile_kit``:
+"""The attacker's pass (issue 42) by the hundred: N hostile cases (``tests/hostile``:
 planted links at every name the analyzer might create, forged and huge fleet indexes,
 folder chains 1,500 deep, names that are not UTF-8 or hold quotes, newlines and SQL, SQL
 that writes), each feature drawn with probability 1/3 from a fixed seed, and every CLI
@@ -10,7 +10,7 @@ stderr line, no traceback), under 30 s, no SECRET read from outside the root.
     python benchmarks/hostile_inputs.py --cases 20 --seed 3
 
 Prints ``hostile inputs: N tried, M clean``, then one line per failure: the command, the
-case's features and SQL (indexes into ``hostile_kit.SQLS``), and what broke. Exit status 1
+case's features and SQL (indexes into ``hostile.SQLS``), and what broke. Exit status 1
 when any case was not clean.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.hostile_kit import (  # noqa: E402  (after the repo root is on the path)
+from tests.hostile import (  # noqa: E402  (after the repo root is on the path)
     Tally,
     build_case,
     draw_spec,

@@ -2,7 +2,7 @@
 stranger hands the CLI, no command writes outside the output it declares, and each one ends
 in time with exit 0 or 2 (2: one stderr line, never a traceback).
 
-Hypothesis chooses which hostile features to combine (``tests/hostile_kit.FEATURES``:
+Hypothesis chooses which hostile features to combine (``tests/hostile.FEATURES``:
 planted links at every name the analyzer might create, forged and huge fleet indexes,
 folder chains 1,500 deep, names that are not UTF-8 or that hold quotes, newlines and SQL,
 SQL that writes) and the kit builds them in a fresh folder per example and runs every
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from tests.hostile_kit import (
+from tests.hostile import (
     FEATURES,
     SECRET,
     SQLS,
