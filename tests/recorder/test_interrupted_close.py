@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from rec_helpers import batches, run_json, steps_by_number, tiny_model, train
-from tracealyze.recorder import Recorder, interrupts
+from tracealyze.recorder import Recorder
+from tracealyze.recorder.live import interrupts
 from tracealyze.recorder.write.writer import Writer
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from rec_helpers import FAST, batches, rows, steps_by_number, tiny_model, train
-from tracealyze.recorder import Recorder, budget
+from tracealyze.recorder import Recorder
+from tracealyze.recorder.tensors import budget
 from tracealyze.recorder.tensors.budget import MAX_STRIDE, NormBudget
 
 
