@@ -178,6 +178,17 @@ class Uploader:
             except Exception:
                 pass
 
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Stop the thread; when the store was down, try it once more now, so that the
+        ``storage_delayed`` event (how long uploads were held up) is said while the run's
+        writer still takes events. Called before the writer's last flush: an event the
+        thread raised after it would be lost (the outage never reported)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=timeout_s)
+        if self._down_since is not None and not self._thread.is_alive():
+            self._attempt()
+
     def close(self, timeout_s: float = 60.0) -> bool:
         """Stop the thread and upload the rest, retrying until ``timeout_s``. False when the
         store could not be brought up to date (the spool is kept and named on stderr)."""
@@ -248,6 +259,11 @@ class Spool:
     def wake(self) -> None:
         if self.uploader is not None:
             self.uploader.wake()
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Before the writer's last flush: :meth:`Uploader.settle`."""
+        if self.uploader is not None:
+            self.uploader.settle(timeout_s)
 
     def room(self, max_bytes: int) -> bool:
         """Whether the writer may add a part: the uploads are behind by less than

@@ -5,12 +5,11 @@ training, never loses what it has written. After construction every public metho
 its own failures, counts them, records them as ``recorder_error`` events where possible and
 returns; only bad configuration at construction raises (``ValueError``).
 
-The Recorder ties together collaborators with one job each: :class:`~.rundir.RunDir` (run.json,
-resume), :class:`~.writer.Writer` (background Parquet writes), :class:`~.gradients.GradReader`
-(gradient and weight statistics), :class:`~.activations.ActivationCapture` (module outputs),
-:class:`~.process_hooks.ProcessHooks` (atexit, SIGTERM, excepthook), the sampler, the profiler
-schedule, and :class:`~.lifecycle.StepLifecycle` (the open and pending step, the framework
-hooks, the commit). The Recorder wires them and forwards its public calls; it owns closing.
+The Recorder wires collaborators with one job each, by room (CONTRIBUTING.md's map): the run
+directory and the background writer (``write/``), tensor statistics (``tensors/``), the
+sampler, profiler schedule and model probes (``training/``), the process hooks (``live/``),
+and :class:`~.lifecycle.StepLifecycle` (the step, the framework hooks, the commit). It
+forwards its public calls and owns closing.
 """
 
 from __future__ import annotations
@@ -159,7 +158,7 @@ class Recorder:
         tune_for(self._device, self.config.tune_malloc, self.event)  # (CPU, glibc: heap.py)
         self._life.anomaly = anomaly.start(self)  # (anomaly.py)
         if self._spool is not None:  # object storage: uploads of what the writer flushed
-            self._spool.start(self.event, self.config, self.rank, self._writer)
+            self._spool.start(self._store_event, self.config, self.rank, self._writer)
         self._process = ProcessHooks(self, handle_sigterm=self.config.handle_sigterm)
         if self._rundir.resumed_from is not None:
             self.event("resumed", f"run resumed at step {self._next_step}", severity="info",
@@ -236,6 +235,11 @@ class Recorder:
                         severity=severity, subject=subject, stack=stack, details=details)
         self._writer.submit(lambda w: w.append("events", row), "events")
 
+    def _store_event(self, kind: str, message: str, severity: str = "warning",
+                     **details: Any) -> None:
+        """The uploader's events, taken even while closing (rec.event takes none then)."""
+        self._guard("event", self._event, kind, message, severity, None, None, details)
+
     def watch(self, name: str, tensor: torch.Tensor) -> None:
         """Statistics of any tensor at the current step (kind ``watch``)."""
         if self._closed:
@@ -269,6 +273,8 @@ class Recorder:
             self._teardown_hooks()
             if self._sampler is not None:
                 self._sampler.stop()
+            if self._spool is not None:  # the uploader's last event before the last flush
+                self._guard("upload", self._spool.settle, self.config.upload_timeout_s)
             if not self._writer.close(give_up=lambda: held.expired):
                 say_gave_up(held.grace_s)
             elif self.config.merge_on_close and not held.expired:
@@ -294,9 +300,7 @@ class Recorder:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if exc is not None and not self._closed:
             self._record_exception(exc)
-            self.close(status="crashed")
-        else:
-            self.close()
+        self.close(status="crashed" if exc is not None else None)
         return False  # never swallow the user's exception
 
     @property
@@ -319,15 +323,12 @@ class Recorder:
             self._life.step(loss, step=step, lr=lr, tokens=tokens, **metrics)
 
     def step_ended(self, loss: Any = None, **kw: Any) -> None:
-        """Lifecycle 4: the step is over. Same as :meth:`step`."""
-        self.step(loss, **kw)
+        self.step(loss, **kw)  # lifecycle 4: the step is over (the same as step())
 
     def data_wait_ended(self, seconds: float, batch: Any = None, sample_ids: Any = None) -> None:
-        """Lifecycle 1: the open step waited ``seconds`` for its data (added up over
-        micro-batches; recorded as ``data_wait_s``). ``batch``, when given: the batch that
-        arrived; the first one's leading dimension is kept as run.json's
-        ``data.batch_size`` (per rank), so that ``compare`` can tell runs apart that
-        differ in batch size."""
+        """Lifecycle 1: the open step waited ``seconds`` for its data (summed over micro-
+        batches: ``data_wait_s``). ``batch``: the batch that arrived (the first one's leading
+        dimension is run.json's ``data.batch_size``, so ``compare`` tells batch sizes apart)."""
         if self._life is not None:
             self._life.data_wait_ended(seconds, batch, sample_ids)
 
@@ -348,7 +349,6 @@ class Recorder:
     def _closed(self) -> bool:
         return self._life is None or self._life.closed
 
-    # ------------------------------------------------------------------ internals
     @property
     def errors(self) -> int:
         """Recorder failures so far (training and writer threads); training went on."""
