@@ -27,7 +27,8 @@ from tests.scenarios import checks
 
 # (the first test records the suite's slice in its session fixture: about a minute on 2 cores;
 # the whole matrix, ~6.5 minutes, is benchmarks/matrix.py or TRACEALYZE_FULL_MATRIX=1)
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+# one xdist worker records the slice once (a session fixture runs per worker)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800), pytest.mark.xdist_group("matrix")]
 
 # the leak first: its process's allocator must not have grown for other reasons before it;
 # the second leak (leak_list) in a process of its own for the same reason
