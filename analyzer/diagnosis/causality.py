@@ -50,6 +50,8 @@ RULES: tuple[Rule, ...] = (
 
 
 _COVERAGE = ("optimizer_coverage", "no_gradient", "unused_module")
+_IDLE_CAUSE = {"host_sync": "host_sync", "dataloader_bottleneck": "input_bound"}
+"""gpu_idle's evidence.cause that each of its candidate causes must match."""
 
 
 def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
@@ -67,6 +69,10 @@ def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
             return cause.evidence.get("first_nonfinite_step") is not None
         if cause.id == "loss_divergence":
             return bool(cause.evidence.get("ended_nonfinite"))
+    if symptom.id == "gpu_idle":
+        # an idle GPU is a consequence of syncs or of its input only when the trace says so
+        # (gpu.idle_cause): a sync or a data wait in the run does not make the GPU wait
+        return symptom.evidence.get("cause") == _IDLE_CAUSE.get(cause.id)
     if symptom.id == "training_crashed" and cause.id == "memory_leak":
         return bool(symptom.evidence.get("oom") or "memory" in symptom.message.lower())
     return True

@@ -1,18 +1,10 @@
 """host_sync: the host blocks waiting for the GPU inside training steps.
 
-Sync points found in the trace events of GPU traces (a CPU-only trace has none: there
-``aten::item`` is a plain read):
-
-* ``aten::_local_scalar_dense`` (what ``tensor.item()``, ``float(t)``, ``if t:`` and printing
-  a CUDA tensor run) and ``aten::item`` ops that do not contain one;
-* runtime calls ``cuda/hip{Device,Stream,Event}Synchronize``, and ``cudaMemcpy`` /
-  ``hipMemcpy[WithStream]`` whose copy (same correlation) is device-to-host;
-* any runtime call linked to a ``cuda_sync`` event (except ``Stream Wait Event``, which makes
-  a stream wait, not the host).
-
-A runtime call inside one of the ops above is part of it and is not counted again. With
-ProfilerStep spans only syncs inside steps count (the profiler's own synchronisation when it
-stops is outside them). Blocked time is the duration of the sync op or call on the host.
+What a sync is, and where one is found, is :mod:`...gpu.syncs` (shared with ``gpu_idle``,
+which weighs the idle time that began during one): the host **waiting** on the device, not
+reading a number. ``aten::item`` on a CPU tensor (AdamW reads each parameter's CPU ``step``
+that way) holds no device-to-host copy and no synchronize call, and is not one. Blocked time
+is the duration of the sync op or call on the host.
 """
 
 from __future__ import annotations
@@ -22,7 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from ...gpu.vocabulary import GPU_OR_LAUNCH_SQL, GPU_SIDE_SQL, LAUNCH_SQL, MEMCPY_SQL, SYNC_SQL
+from ...gpu.memo import shared
+from ...gpu.syncs import sync_sites
+from ...gpu.vocabulary import GPU_SIDE_SQL
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -46,48 +40,15 @@ DOC = {
     "meaning": "The host waits for the GPU (tensor.item(), printing a CUDA tensor, "
                "torch.cuda.synchronize(), device-to-host copies) inside training steps, so "
                "the GPU queue drains and the GPU idles.",
-    "rule": "Per rank over GPU traces: syncs per profiled step above max_syncs_per_step or "
-            "host time blocked in syncs above max_blocked_pct of step time → warning; any "
-            "sync otherwise → info.",
+    "rule": "Per rank over GPU traces, a sync being a host wait on the device (a "
+            "synchronize call, a blocking device-to-host copy, or an item()/_local_scalar_dense "
+            "that holds one; a read of a CPU tensor is not): syncs per profiled step above "
+            "max_syncs_per_step or host time blocked in syncs above max_blocked_pct of step "
+            "time → warning; any sync otherwise → info.",
     "fixes": "Keep losses/metrics on the GPU and read them every N steps; avoid .item(), "
              "print() and Python control flow on CUDA tensors in the step; use "
              "non_blocking=True copies to pinned memory.",
 }
-
-_SITES_SQL = f"""
-WITH te AS (SELECT * FROM trace_events),
-gpu_traces AS (
-    SELECT rank, trace_id,
-        count(DISTINCT name) FILTER (WHERE name LIKE 'ProfilerStep#%'
-                                     AND cat NOT IN {GPU_SIDE_SQL})
-            AS n_steps
-    FROM te GROUP BY ALL
-    HAVING bool_or(cat IN {GPU_OR_LAUNCH_SQL})
-),
-d2h AS (
-    SELECT DISTINCT rank, trace_id, correlation FROM te
-    WHERE cat = {MEMCPY_SQL} AND name LIKE 'Memcpy DtoH%' AND correlation IS NOT NULL
-),
-synced AS (
-    SELECT DISTINCT rank, trace_id, correlation FROM te
-    WHERE cat = {SYNC_SQL} AND name <> 'Stream Wait Event' AND correlation IS NOT NULL
-)
-SELECT te.rank, te.trace_id, te.step, te.cat, te.name, te.ts_us, te.dur_us, te.pid, te.tid,
-       g.n_steps
-FROM te
-JOIN gpu_traces g ON g.rank = te.rank AND g.trace_id = te.trace_id
-LEFT JOIN d2h ON d2h.rank = te.rank AND d2h.trace_id = te.trace_id
-             AND d2h.correlation = te.correlation
-LEFT JOIN synced sy ON sy.rank = te.rank AND sy.trace_id = te.trace_id
-                   AND sy.correlation = te.correlation
-WHERE (te.cat = 'cpu_op' AND te.name IN ('aten::_local_scalar_dense', 'aten::item'))
-   OR (te.cat IN {LAUNCH_SQL} AND (
-          regexp_matches(te.name, '^(cuda|hip)(Device|Stream|Event)Synchronize')
-          OR (te.name IN ('cudaMemcpy', 'hipMemcpy', 'hipMemcpyWithStream')
-              AND d2h.correlation IS NOT NULL)
-          OR sy.correlation IS NOT NULL))
-ORDER BY te.rank, te.trace_id, te.pid, te.tid, te.ts_us, te.dur_us DESC
-"""
 
 # Enclosing host spans of each site (same thread, start before, end after): the "stack".
 _STACK_SQL = """
@@ -118,43 +79,9 @@ GROUP BY rank
 """
 
 
-def _within(inner: tuple, outer: tuple) -> bool:
-    # rows: (rank, trace_id, step, cat, name, ts, dur, pid, tid, n_steps)
-    return (
-        inner[:2] == outer[:2] and inner[7:9] == outer[7:9]
-        and outer[5] <= inner[5] and inner[5] + inner[6] <= outer[5] + outer[6]
-    )
-
-
-def _sites(rows: list[tuple]) -> list[tuple]:
-    """Outermost sync rows only: a call inside _local_scalar_dense is part of it, and an
-    aten::item counts only when it has no _local_scalar_dense inside (older traces)."""
-    by_thread: dict[tuple, list[tuple]] = defaultdict(list)
-    for r in rows:
-        by_thread[(r[0], r[1], r[7], r[8])].append(r)
-    out = []
-    for rs in by_thread.values():
-        dense = [r for r in rs if r[4] == "aten::_local_scalar_dense"]
-        items = [r for r in rs if r[4] == "aten::item"]
-        for r in rs:
-            if r[4] == "aten::item":
-                if not any(_within(d, r) for d in dense):
-                    out.append(r)
-            elif r[4] == "aten::_local_scalar_dense" or not any(
-                _within(r, o) for o in dense + items
-            ):
-                out.append(r)
-    return out
-
-
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     con = ctx.con
-    rows = con.execute(_SITES_SQL).fetchall()
-    if not rows:
-        return []
-    # Traces with ProfilerStep spans: only syncs inside a step count.
-    rows = [r for r in rows if not r[9] or r[2] is not None]
-    sites = _sites(rows)
+    sites = shared(ctx.cache, con, sync_sites)
     if not sites:
         return []
     max_per_step = float(th.max_syncs_per_step)
