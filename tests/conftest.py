@@ -17,6 +17,41 @@ from pathlib import Path
 
 import pytest
 
+SLOW_PATHS = {
+    # whole folders: each test trains a model or drives a framework in a process of its own
+    "tests/scenarios/": "trains in-process scenarios end to end",
+    "tests/integrations/": "runs transformers/Lightning/torchrun/record in subprocesses",
+    "tests/matrix/": "records the matrix slice in subprocesses",
+    # modules whose tests start servers or processes, or take seconds each
+    "tests/recorder/test_record_to_store.py": "trains against an S3 server, outages included",
+    "tests/recorder/test_record_to_azure.py": "trains against Azurite",
+    "tests/recorder/test_record_to_gcs.py": "trains against the GCS emulator",
+    "tests/recorder/test_one_writer.py": "two writer processes",
+    "tests/recorder/test_heap_tuning.py": "training subprocesses",
+    "tests/recorder/test_backward_nan.py": "trains until the NaN",
+    "tests/recorder/test_recorder_crash.py": "kills training processes",
+    "tests/recorder/test_recorder_distributed.py": "DDP processes",
+    "tests/analyzer/test_inplace_reads.py": "an S3 server, many parts",
+    "tests/analyzer/test_store_timeouts.py": "waits out frozen servers",
+    "tests/analyzer/test_trust_property.py": "every command over generated hostile cases",
+    "tests/analyzer/test_fleet_spark.py": "a Spark session",
+    "tests/traces/test_hta_properties.py": "Holistic Trace Analysis live on generated jobs",
+    "tests/traces/test_many_ranks.py": "64- and 1,024-rank jobs",
+}
+"""What ``-m "not slow"`` leaves out (CONTRIBUTING.md): the marker, given by place so that
+a new test in such a module is slow too. The full suite still runs them."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parents[1]
+    for item in items:
+        try:
+            rel = Path(str(item.fspath)).resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
