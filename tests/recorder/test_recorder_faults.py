@@ -154,14 +154,21 @@ def test_failed_writes_hold_bounded_bytes(run_dir: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(writer_mod, "write_parquet_atomic", write)
     rec, model, opt = make(run_dir, param_stats_every=1, tensor_stats_every=1,
                            max_buffered_bytes=20_000)
-    for _ in range(8):
-        steps(rec, model, opt, 5)
-        time.sleep(0.06)  # a failed flush between batches
-    held = sum(t.nbytes for b in rec._writer.buffers.values() for t in b.failed)
-    assert held <= 20_000
-    assert sum(rec._writer.dropped.values()) > 0
-    full.clear()
-    rec.close()
+    try:
+        for _ in range(8):
+            steps(rec, model, opt, 5)
+            time.sleep(0.06)  # a failed flush between batches
+        # read on the writer thread, between two of its items: never in the middle of a
+        # flush (rows put back, not bounded yet), which a read from here could land in
+        got: list[int] = []
+        rec._writer.submit(lambda w: got.append(
+            sum(t.nbytes for b in w.buffers.values() for t in b.failed)), "events", wake=True)
+        wait_until(lambda: bool(got))
+        assert got[0] <= 20_000
+        assert sum(rec._writer.dropped.values()) > 0
+    finally:  # (an open recorder must not outlive its test: its hooks are process-wide)
+        full.clear()
+        rec.close()
     assert sorted(steps_by_number(run_dir))[-1] == 39  # the newest rows were kept
     dropped = run_json(run_dir)["counters"]["dropped"]
     assert sum(dropped.values()) > 0 and dropped.get("tensor_stats", 0) > 0
@@ -182,11 +189,13 @@ def test_disk_full_keeps_rows_and_reports_once(run_dir: Path, monkeypatch: pytes
 
     monkeypatch.setattr(writer_mod, "write_parquet_atomic", write)
     rec, model, opt = make(run_dir)
-    steps(rec, model, opt, 3)
-    wait_until(lambda: len(failures) >= 3)  # several flushes failed
-    steps(rec, model, opt, 3)
-    full.clear()
-    rec.close()
+    try:
+        steps(rec, model, opt, 3)
+        wait_until(lambda: len(failures) >= 3)  # several flushes failed
+        steps(rec, model, opt, 3)
+    finally:
+        full.clear()
+        rec.close()
     got = steps_by_number(run_dir)
     assert sorted(got) == list(range(6))  # nothing lost: retried at the next flush
     errs = events(run_dir, "recorder_error")
