@@ -121,11 +121,6 @@ commands."""
 ANALYZER_TOP = {"__init__", "record", "errors", "units", "writes"}
 
 
-def _layer(mod: str) -> str | None:
-    parts = mod.split(".")
-    return parts[2] if len(parts) > 2 and parts[:2] == ["tracealyze", "analyzer"] else None
-
-
 def test_analyzer_top_level_holds_only_its_edges() -> None:
     top = {f.stem for f in (REPO / "analyzer").glob("*.py")}
     assert top <= ANALYZER_TOP, f"modules at analyzer/'s top level: {sorted(top - ANALYZER_TOP)}"
@@ -134,20 +129,32 @@ def test_analyzer_top_level_holds_only_its_edges() -> None:
     assert subs | (top - {"__init__"}) == set(ANALYZER_LAYERS), sorted(subs)
 
 
-def test_analyzer_imports_point_only_downward() -> None:
+def upward_imports(package: str, layers: list[str]) -> list[str]:
+    """Imports of ``tracealyze.<package>`` modules that point to a later entry of ``layers``
+    (its sub-packages and top-level modules, lowest first)."""
     mods = modules()
     known = set(mods)
-    rank = {name: i for i, name in enumerate(ANALYZER_LAYERS)}
+    rank = {name: i for i, name in enumerate(layers)}
+
+    def layer(mod: str) -> str | None:
+        parts = mod.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == ["tracealyze", package] else None
+
     bad = []
     for m, p in mods.items():
-        src = _layer(m)
+        src = layer(m)
         if src is None:
             continue
         for t in imports_of(m, p, known):
-            dst = _layer(t)
+            dst = layer(t)
             if dst is not None and rank[dst] > rank[src]:
                 bad.append(f"{m} -> {t}")
-    assert not bad, "imports that point up a layer:\n" + "\n".join(sorted(bad))
+    return sorted(bad)
+
+
+def test_analyzer_imports_point_only_downward() -> None:
+    bad = upward_imports("analyzer", ANALYZER_LAYERS)
+    assert not bad, "imports that point up a layer:\n" + "\n".join(bad)
 
 
 # The recorder's rooms and top-level modules, lowest first (CONTRIBUTING.md's map): a module
@@ -155,11 +162,6 @@ def test_analyzer_imports_point_only_downward() -> None:
 RECORDER_LAYERS = ["config", "capture", "live", "tensors", "training", "write", "stepstate",
                    "lifecycle", "recorder", "integrations"]
 RECORDER_ROOMS = {"live", "tensors", "training", "write", "integrations"}
-
-
-def _recorder_layer(mod: str) -> str | None:
-    parts = mod.split(".")
-    return parts[2] if len(parts) > 2 and parts[:2] == ["tracealyze", "recorder"] else None
 
 
 def test_recorder_is_in_rooms() -> None:
@@ -174,19 +176,8 @@ def test_recorder_is_in_rooms() -> None:
 
 
 def test_recorder_rooms_import_only_downward() -> None:
-    mods = modules()
-    known = set(mods)
-    rank = {name: i for i, name in enumerate(RECORDER_LAYERS)}
-    bad = []
-    for m, p in mods.items():
-        src = _recorder_layer(m)
-        if src is None:
-            continue
-        for t in imports_of(m, p, known):
-            dst = _recorder_layer(t)
-            if dst is not None and rank[dst] > rank[src]:
-                bad.append(f"{m} -> {t}")
-    assert not bad, "recorder imports that point up a room:\n" + "\n".join(sorted(bad))
+    bad = upward_imports("recorder", RECORDER_LAYERS)
+    assert not bad, "recorder imports that point up a room:\n" + "\n".join(bad)
 
 
 def test_recorder_room_faces_name_what_exists() -> None:
