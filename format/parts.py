@@ -25,6 +25,9 @@ from .schema import PARTITION, TABLES
 PART_RE = re.compile(r"^part-(\d{1,12})(?:-(\d{1,12}))?\.parquet$")
 RANK_DIR_RE = re.compile(r"^rank=(\d{1,10})$")
 RANK_FILE_RE = re.compile(r"^rank=(\d{1,10})\.json$")
+SNAPSHOT_DIR = "memory_snapshots"
+"""``memory_snapshots/rank=<r>/``: the CUDA allocator's own snapshots (PyTorch's pickle)."""
+SNAPSHOT_RE = re.compile(r"^oom-step(\d{6,12})\.pickle$")
 T = TypeVar("T")
 MAX_RANK = 2**31 - 1
 """Ranks are int32 (the partition's type in every reader)."""

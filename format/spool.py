@@ -45,7 +45,7 @@ from .storage import (
 
 SPOOL_NOTE = ".tracealyze-spool.json"
 """In each spool: the URL it uploads to (for ``tracealyze upload SPOOL``)."""
-_ORDER = {"part": 0, "trace": 1, "rank_meta": 2, "meta": 3}
+_ORDER = {"part": 0, "trace": 1, "snapshot": 1, "rank_meta": 2, "meta": 3}
 
 
 def spool_for(url: str, spool_dir: str | None) -> Path:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .parts import PART_RE, RANK_DIR_RE, RANK_FILE_RE
+from .parts import PART_RE, RANK_DIR_RE, RANK_FILE_RE, SNAPSHOT_DIR, SNAPSHOT_RE
 from .schema import TABLES
 
 SCHEMES: dict[str, str] = {"s3": "s3", "gs": "gs", "gcs": "gs", "az": "abfs", "abfs": "abfs",
@@ -168,7 +168,7 @@ def _azure(kind: str, netloc: str, path: str) -> tuple[Any, str] | None:
 
 def run_file(rel: str) -> str | None:
     """What kind of run file ``rel`` (a path under the run's prefix) is: ``meta``,
-    ``rank_meta``, ``part`` or ``trace``; None for anything else (ignored)."""
+    ``rank_meta``, ``part``, ``trace`` or ``snapshot``; None for anything else (ignored)."""
     if not rel or "\\" in rel or "\x00" in rel or rel.startswith("/"):
         return None
     segs = rel.split("/")
@@ -183,6 +183,8 @@ def run_file(rel: str) -> str | None:
             return "part"
         if segs[0] == "traces" and _TRACE_RE.match(segs[2]):
             return "trace"
+        if segs[0] == SNAPSHOT_DIR and SNAPSHOT_RE.match(segs[2]):
+            return "snapshot"
     return None
 
 

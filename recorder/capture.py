@@ -77,8 +77,11 @@ class StepAccum:
     # Per-module activation statistics (name, numel, seq, [1, 8] tensor, saturated share
     # or None: saturation.py), likewise.
     act_stats: list[tuple[str, int, int, torch.Tensor, Any]] = field(default_factory=list)
-    # Gradient norms of module inputs/outputs in backward order (roles label, norm: backward.py)
-    grad_probes: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    # Gradients of module inputs/outputs kept in backward order (roles label, gradient), then
+    # reduced in blocks of (labels, device vector of norms): backward.py
+    grad_held: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+    grad_held_bytes: int = 0
+    grad_probes: list[tuple[tuple[str, ...], torch.Tensor]] = field(default_factory=list)
 
     def fold(self, extra: StepAccum) -> None:
         """Add a micro-batch's rec.step() (gradient accumulation) into this step."""
@@ -88,6 +91,8 @@ class StepAccum:
         self.probes.extend(extra.probes)
         self.act_stats.extend(extra.act_stats)
         self.grad_probes.extend(extra.grad_probes)
+        self.grad_held.extend(extra.grad_held)
+        self.grad_held_bytes += extra.grad_held_bytes
         self.metrics.update(extra.metrics)
         self.data_wait_s += extra.data_wait_s
         if extra.sample_ids is not None:
@@ -265,6 +270,7 @@ class StepItem:
     store_grad_norms: bool = True
     compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
     heap: int | None = None  # malloc'd bytes in use, read with rss
+    cuda: dict[str, Any] | None = None  # the CUDA allocator's counters, read with rss
     sample_ids: list[int] | None = None  # samples.py (at most MAX_IDS)
     samples_per_s: float | None = None  # throughput.py (shapes of the step's batches)
     tokens_per_s: float | None = None

@@ -52,7 +52,13 @@ class RecorderConfig:
     """Every step, a one-reduction NaN/Inf check of every module's output, so the first
     nonfinite can be traced to the module that produced it."""
     memory_every: int = 1
-    """Memory snapshot (RSS, CUDA allocator) every N steps; taken on the writer thread."""
+    """Memory snapshot (RSS, CUDA allocator counters) every N steps, read on the training
+    thread at the step's end (no device sync) and written by the writer thread."""
+    memory_history: int = 0
+    """CUDA: entries of allocation history the allocator keeps
+    (``torch.cuda.memory._record_memory_history``, Python stacks); 0 = off. On a CUDA OOM
+    the allocator's snapshot (with this history, when on) is written under
+    ``memory_snapshots/rank=<r>/`` (pytorch.org/memory_viz opens it)."""
     system_interval_s: float = 1.0
     """Background CPU/memory/GPU-utilisation sampler period; 0 = off."""
     profile_every: int = 0
@@ -267,7 +273,7 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
         grad_norm_every=1, store_grad_norms=True, tensor_stats_every=25, param_stats_every=25,
         update_ratio_every=25, activation_stats_every=25, activation_nonfinite=True,
         memory_every=1, system_interval_s=1.0, profile_start=20, profile_every=1000,
-        flush_interval_s=5.0, anomaly_mode="after_nonfinite",
+        flush_interval_s=5.0, anomaly_mode="after_nonfinite", memory_history=100_000,
     ),
 }
 
@@ -318,7 +324,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "tensor_stats_every", "param_stats_every", "update_ratio_every",
               "stats_chunk_elems"),
     "activations": ("activation_stats_every", "activation_nonfinite"),
-    "sampling": ("memory_every", "system_interval_s", "record_sample_ids"),
+    "sampling": ("memory_every", "memory_history", "system_interval_s", "record_sample_ids"),
     "profiling": ("profile_every", "profile_start", "profile_warmup", "profile_active",
                   "profile_max_windows", "profile_quiet"),
     "writer": ("flush_interval_s", "flush_rows", "queue_size", "max_buffered_bytes",

@@ -363,6 +363,7 @@ class StepLifecycle:
             floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
             scaler=acc.scaler, memory=memory, rss=self._probe.rss() if memory else None,
             heap=self._probe.heap_at_commit() if memory else None,
+            cuda=self._probe.cuda_at_commit() if memory else None,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc), sample_ids=acc.sample_ids,
             **_rates(acc, self._tokens(acc), self.flops),

@@ -5,12 +5,9 @@ training, never loses what it has written. After construction every public metho
 its own failures, counts them, records them as ``recorder_error`` events where possible and
 returns; only bad configuration at construction raises (``ValueError``).
 
-The Recorder wires collaborators with one job each, by room (CONTRIBUTING.md's map): the run
-directory and the background writer (``write/``), tensor statistics (``tensors/``), the
-sampler, profiler schedule and model probes (``training/``), the process hooks (``live/``),
-and :class:`~.lifecycle.StepLifecycle` (the step, the framework hooks, the commit). It
-forwards its public calls and owns closing.
-"""
+It wires collaborators with one job each, by room (CONTRIBUTING.md's map): ``write/``,
+``tensors/``, ``training/``, ``live/`` and :class:`~.lifecycle.StepLifecycle` (the step, the
+framework hooks, the commit); it forwards its public calls and owns closing."""
 
 from __future__ import annotations
 
@@ -43,6 +40,7 @@ from .training.coverage import Coverage
 from .training.heap import tune_for
 from .training.loader import TimedLoader
 from .training.model_tree import ModelWatch
+from .training.oom import OomSnapshots
 from .training.profiling import ProfilerSchedule
 from .training.sampler import MemoryProbe, SystemSampler
 from .training.structure import StructureProbe
@@ -125,7 +123,9 @@ class Recorder:
         # DDP: every rank holds the same gradients; rank 0 writes their per-parameter rows
         self._reader.grad_stats = self._grad_rows = (
             self.config.grad_stats_all_ranks or not self._ddp or self.rank == 0)
-        self._probe = MemoryProbe(self._device)
+        self._probe = MemoryProbe(self._device, on_cost=self._info("recorder_cost"))
+        self._oom = OomSnapshots(self.run_dir, self.rank, self._device,
+                                 self.config.memory_history, self._info("memory_snapshot"))
         self._writer = Writer(
             self.run_dir, self.rank, flush_interval_s=self.config.flush_interval_s,
             flush_rows=self.config.flush_rows, queue_size=self.config.queue_size,
@@ -212,8 +212,7 @@ class Recorder:
                                          self._guard, compiled=self._compiled_model)
             life.act.next_step(life.acc.step)
 
-    def _info(self, kind: str) -> Any:
-        """(message, details) -> an info event of ``kind``."""
+    def _info(self, kind: str) -> Any:  # (message, details) -> an info event of ``kind``
         return lambda message, details: self.event(kind, message, severity="info", **details)
 
     def _norm_stride_changed(self, stride: int, budget: NormBudget) -> None:
@@ -375,6 +374,7 @@ class Recorder:
             row = exception_row(exc, self._life.acc.step, self._probe)
             self._writer.submit(lambda w: w.append("events", row), "events")
             self._status = "crashed"
+            self._oom.at_exception(exc, self._life.acc.step)  # (a CUDA OOM: oom.py)
         except Exception as e:  # recording the crash must not mask it
             self._count_error("exception", e)
 
@@ -382,7 +382,7 @@ class Recorder:
         # (also after a start that failed half-way: any of these may not exist yet)
         life = self._life
         remove_all([*getattr(self, "_handles", ()), life and life.act, life and life.amp,
-                    getattr(self, "_process", None)])
+                    getattr(self, "_process", None), getattr(self, "_oom", None)])
         self._handles = []
         clipping.uninstall(id(self))
         anomaly.stop(self)

@@ -13,6 +13,7 @@ from torch import nn
 from ..capture import Piece, StepAccum
 from ..config import RecorderConfig
 from .backward import GradProbes
+from .backward import flush as flush_grads
 from .gradients import due
 from .hooks import ActivationHooks, nonfinite_probes
 from .saturation import bounded_modules, saturated_share
@@ -135,11 +136,13 @@ def join_pieces(acc: StepAccum) -> None:
             names, numels, seqs, late = (sum((b[k] for b in blocks), ()) for k in range(4))
             vec = torch.cat([b[4] for b in blocks])
         acc.add(Piece("act_nf", len(names), names, numels, seqs, late=late), vec)
-    if acc.grad_probes:  # backward.py: in the order autograd fired them
-        labels, norms = zip(*acc.grad_probes, strict=True)
-        acc.grad_probes = []
+    flush_grads(acc)  # (a backward whose end callback did not run: an error in it)
+    if acc.grad_probes:  # backward.py: blocks in the order autograd fired them
+        blocks, acc.grad_probes = acc.grad_probes, []
+        labels = sum((b[0] for b in blocks), ())
+        vec = blocks[0][1] if len(blocks) == 1 else torch.cat([b[1] for b in blocks])
         acc.add(Piece("act_bnf", len(labels), labels, (0,) * len(labels),
-                      tuple(range(len(labels)))), torch.stack(norms))
+                      tuple(range(len(labels)))), vec)
     if acc.act_stats:
         names, numels, seqs, vals, sats = zip(*acc.act_stats, strict=True)
         acc.add(Piece("activation", 8 * len(vals), names, numels, seqs), torch.cat(vals))

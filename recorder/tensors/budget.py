@@ -9,6 +9,13 @@ more than ``budget`` of it (and more than ``MIN_COST_S``), reads them every 2nd,
 step (a power of two, at most ``MAX_STRIDE``) so that the average fits. When they get
 cheaper again the stride comes back down. The recorder writes an ``info`` event each time
 the stride changes, so the gaps in ``steps.grad_norm`` are explained in the run itself.
+
+The stride must not flap. On an H200 a read cost 0.49-0.51 ms against a 0.5 ms floor
+(``MIN_COST_S``), and the stride went 1 → 8 → 1 six times in 300 steps, an event each time.
+So every boundary has hysteresis: a read is spread once it costs ``MIN_COST_S``, and comes
+back to every step only below ``_DOWN`` of it (as a stride halves only when the cost fits
+the smaller one with that margin); and after a change the next waits for ``_WINDOW`` fresh
+reads, so the medians it decides on describe the new cadence, not the old one.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class NormBudget:
         self._costs: deque[float] = deque(maxlen=_WINDOW)
         self._periods: deque[float] = deque(maxlen=_WINDOW)
         self._seen = 0
+        self._since_change = 0  # reads charged since the stride last changed
 
     def cadence_event(self) -> tuple[str, dict[str, object]]:
         """The ``grad_norm_cadence`` event's message and details for the current stride
@@ -65,12 +73,15 @@ class NormBudget:
         if self._seen <= _SKIP:
             return None
         self._costs.append(seconds)
+        self._since_change += 1
         self.cost_s = statistics.median(self._costs)
         self.period_s = statistics.median(self._periods) if self._periods else None
-        if self.budget <= 0 or len(self._costs) < _WINDOW or not self.period_s:
+        if (self.budget <= 0 or len(self._costs) < _WINDOW or not self.period_s
+                or self._since_change < _WINDOW):
             return None
         # Needed stride: how many cadences one read must be spread over to fit the budget.
-        need = (0.0 if self.cost_s < MIN_COST_S
+        floor = MIN_COST_S if self.stride == 1 else MIN_COST_S * _DOWN
+        need = (0.0 if self.cost_s < floor
                 else self.cost_s / (self.budget * self.period_s * self.every))
         stride = self.stride
         while need > stride and stride < MAX_STRIDE:
@@ -80,5 +91,6 @@ class NormBudget:
         if stride == self.stride:
             return None
         self.stride = stride
+        self._since_change = 0
         return stride
 

@@ -6,10 +6,13 @@ import ctypes
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
 import torch
+
+from .cudamem import CudaCounters
 
 
 class _MallInfo2(ctypes.Structure):
@@ -38,11 +41,13 @@ class MemoryProbe:
     (glibc's ``mallinfo2``, ~4 µs): the bytes malloc has handed out and not got back. Unlike
     RSS it does not lag a leak while the allocator reuses freed memory, and does not move
     when the allocator keeps or returns pages, so a leak of tensors shows from its first
-    step (Python objects live in pymalloc arenas outside it: RSS still sees those). :meth:`snapshot`
-    (the CUDA allocator's statistics dict, ~130 entries) runs on the writer thread.
+    step (Python objects live in pymalloc arenas outside it: RSS still sees those). The CUDA
+    allocator's counters are read at commit too (:meth:`cuda_at_commit`, cudamem.py);
+    :meth:`snapshot` assembles the row on the writer thread.
     """
 
-    def __init__(self, device: torch.device | None) -> None:
+    def __init__(self, device: torch.device | None,
+                 on_cost: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         self.proc = psutil.Process()
         self._statm: int | None = None
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -53,11 +58,17 @@ class MemoryProbe:
         self.cuda = device is not None and device.type == "cuda" and torch.cuda.is_available()
         self.device = device
         self.total = None
+        self.counters: CudaCounters | None = None
         if self.cuda:
             try:
                 self.total = torch.cuda.get_device_properties(device).total_memory
             except Exception:
                 self.total = None
+            self.counters = CudaCounters(device, on_cost)
+
+    def cuda_at_commit(self) -> dict[str, Any] | None:
+        """The CUDA allocator's counters now, on the training thread (None without CUDA)."""
+        return self.counters.read() if self.counters is not None else None
 
     _mallinfo = _mallinfo2()
     # mallinfo2 walks every arena's free lists under their locks: ~4 µs in a small process,
@@ -108,29 +119,15 @@ class MemoryProbe:
                 self._statm = None
         return int(self.proc.memory_info().rss)
 
-    def snapshot(self, rss: int | None = None, heap: int | None = None) -> dict[str, Any]:
+    def snapshot(self, rss: int | None = None, heap: int | None = None,
+                 cuda: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A ``memory`` row: ``rss``, ``heap`` and ``cuda`` as read at commit, or read now
+        (an exception's event: the moment it was caught)."""
         row: dict[str, Any] = {"rss_bytes": self.rss() if rss is None else rss,
                                "heap_bytes": self.heap() if heap is None else heap}
-        if self.cuda:
-            # Host-side allocator bookkeeping: these calls never wait for the GPU. The
-            # nested dict, not memory_stats(): its flattening of ~150 keys in Python cost
-            # 0.3 ms a step on the training thread (measured on an H200).
-            stats = torch.cuda.memory_stats_as_nested_dict(self.device)
-
-            def get(*keys: str) -> Any:
-                node: Any = stats
-                for k in keys:
-                    node = node.get(k) if isinstance(node, dict) else None
-                return node
-
-            row.update(
-                cuda_allocated_bytes=get("allocated_bytes", "all", "current"),
-                cuda_reserved_bytes=get("reserved_bytes", "all", "current"),
-                cuda_peak_bytes=get("allocated_bytes", "all", "peak"),
-                cuda_alloc_retries=get("num_alloc_retries"),
-                cuda_ooms=get("num_ooms"),
-                cuda_total_bytes=self.total,
-            )
+        if self.counters is not None:
+            row.update(cuda if cuda is not None else self.counters.now())
+            row["cuda_total_bytes"] = self.total
         return row
 
 

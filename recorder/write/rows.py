@@ -228,12 +228,12 @@ def _first_bad(bad: np.ndarray, pos: tuple[int, ...]) -> int:
 
 
 def _memory_rows(out: _Out, mem: list[StepItem], probe: Any) -> None:
-    """Memory snapshots (RSS read at commit; CUDA allocator counters read here). A failed
+    """Memory snapshots (RSS, heap and CUDA counters were read at commit). A failed
     snapshot loses that row only, and is recorded as a recorder error."""
     rows = []
     for it in mem:
         try:
-            rows.append((it, probe.snapshot(it.rss, it.heap)))
+            rows.append((it, probe.snapshot(it.rss, it.heap, it.cuda)))
         except Exception as exc:
             out.append(("error", {"exc": exc}))
     if rows:
