@@ -333,6 +333,8 @@ def make_run(
             mem[col] = vals.astype(np.int64) if vals is not None else pa.nulls(m, pa.int64())
         if cuda_total is not None:
             mem["cuda_total_bytes"] = np.full(m, cuda_total, np.int64)
+        if cuda_allocated is not None:  # (read at each step's end, as the recorder does)
+            mem["cuda_max_allocated_bytes"] = np.maximum.accumulate(mem["cuda_allocated_bytes"])
         _write_table_parts(run_dir, "memory", rank, to_arrow("memory", mem), parts, merged)
 
         # tensor stats

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from .edge import EXIT_FAIL_ON, RUN_DIR, BadInput, edge
+from .edge import EXIT_FAIL_ON, FAIL_ON, RUN_DIR, BadInput, edge
 from .fleet import fleet
 from .recording import record, upload
 
@@ -166,8 +166,9 @@ _CONFIG_HELP = "Thresholds file (TOML: [detector] tables, or JSON)."
 @main.command()
 @click.argument("run_dir", type=RUN_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--fail-on", type=click.Choice(["warning", "error", "critical"]), default=None,
-              help="Exit 1 if a finding is at least this severe (CI gate).")
+@click.option("--fail-on", type=FAIL_ON, default=None,
+              help="Exit 1 if a finding is at least this severe (warning, error, critical), "
+              "or if a finding of this id is above info (e.g. cuda_oom): a CI gate.")
 @click.option("--set", "overrides", multiple=True, metavar="DETECTOR.KEY=VALUE", help=_SET_HELP)
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
               help=_CONFIG_HELP)

@@ -57,3 +57,25 @@ class RunLocation(click.ParamType):
 
 
 RUN_DIR = RunLocation()
+
+
+class FailOn(click.ParamType):
+    """``--fail-on``: a severity (warning, error, critical) or a finding id (a former id
+    such as ``cuda_fragmentation`` is accepted for one release)."""
+
+    name = "SEVERITY|FINDING"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from ..diagnosis.findings import FINDING_IDS, canonical_id
+
+        text = str(value)
+        if text in ("warning", "error", "critical"):
+            return text
+        fid = canonical_id(text)
+        if fid is None:
+            self.fail(f"{text!r} is neither a severity (warning, error, critical) nor a "
+                      f"finding id ({', '.join(FINDING_IDS)})", param, ctx)
+        return fid
+
+
+FAIL_ON = FailOn()

@@ -44,7 +44,9 @@ RULES: tuple[Rule, ...] = (
     Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite",
                           "optimizer_coverage", "no_gradient", "unused_module"), slack=5),
     Rule("update_ratio", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
-    Rule("training_crashed", ("nonfinite", "memory_leak"), needs_step=False),
+    # a CUDA OOM is what ended the run; a leak of CUDA memory is what ran into the capacity
+    Rule("training_crashed", ("nonfinite", "cuda_oom", "memory_leak"), needs_step=False),
+    Rule("cuda_oom", ("memory_leak",), needs_step=False),
     Rule("gpu_idle", ("dataloader_bottleneck", "host_sync"), needs_step=False),
 )
 
@@ -73,8 +75,12 @@ def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
         # an idle GPU is a consequence of syncs or of its input only when the trace says so
         # (gpu.idle_cause): a sync or a data wait in the run does not make the GPU wait
         return symptom.evidence.get("cause") == _IDLE_CAUSE.get(cause.id)
-    if symptom.id == "training_crashed" and cause.id == "memory_leak":
+    if symptom.id == "training_crashed" and cause.id in ("memory_leak", "cuda_oom"):
         return bool(symptom.evidence.get("oom") or "memory" in symptom.message.lower())
+    if symptom.id == "cuda_oom":
+        # the leak is the OOM's cause only when the OOM was diagnosed as one, in CUDA memory
+        return (symptom.evidence.get("cause") == "leak"
+                and cause.subject == "cuda_allocated_bytes")
     return True
 
 

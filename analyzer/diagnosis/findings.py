@@ -26,6 +26,20 @@ def _detector_ids(folder: Path | None = None) -> tuple[str, ...]:
 FINDING_IDS: tuple[str, ...] = _detector_ids()
 """Every finding id, one per detector module, in name order (the order detectors run)."""
 
+FORMER_IDS: dict[str, str] = {"cuda_fragmentation": "cuda_oom"}
+"""Renamed finding ids, old → new, accepted by ``--fail-on`` and ``--set`` for one release
+(the JSON finding carries its ``former_id`` meanwhile)."""
+
+
+_FORMER_OF = {new: old for old, new in FORMER_IDS.items()}
+
+
+def canonical_id(name: str) -> str | None:
+    """The finding id ``name`` means (a current id, or a former one), else None."""
+    if name in FINDING_IDS:
+        return name
+    return FORMER_IDS.get(name)
+
 
 def severity_rank(severity: str) -> int:
     """Position of ``severity`` in :data:`SEVERITIES`; ValueError for an unknown one."""
@@ -89,6 +103,7 @@ class Finding:
             "chart": self.chart,
             "caused_by": self.caused_by,
             "explains": list(self.explains),
+            **({"former_id": old} if (old := _FORMER_OF.get(self.id)) else {}),
         }
 
 

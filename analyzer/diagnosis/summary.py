@@ -13,7 +13,7 @@ from ..gpu.idle_groups import unusual_streams
 from ..run.catalog import Run, open_run
 from ..units import single_line
 from .analysis import Analysis
-from .findings import SEVERITIES, Finding, severity_rank
+from .findings import SEVERITIES, Finding, canonical_id, severity_rank
 from .rank_groups import LIMIT, rank_ranges
 
 SUMMARY_SCHEMA_VERSION = 1
@@ -97,9 +97,17 @@ def worst_severity(summary: Mapping[str, Any]) -> str | None:
 
 
 def fails(summary: Mapping[str, Any], fail_on: str) -> bool:
-    """True if some finding is at least as severe as ``fail_on``."""
-    worst = worst_severity(summary)
-    return worst is not None and severity_rank(worst) >= severity_rank(fail_on)
+    """True if some finding reaches ``fail_on`` (:func:`reaches`)."""
+    return any(reaches(f, fail_on) for f in summary.get("findings", ()))
+
+
+def reaches(finding: Mapping[str, Any], fail_on: str) -> bool:
+    """Whether ``finding`` (summary JSON) trips ``--fail-on``: at least as severe as
+    ``fail_on`` (a severity); or, when ``fail_on`` is a finding id (or a former one), of
+    that id and above info."""
+    if fail_on in SEVERITIES:
+        return severity_rank(finding.get("severity", "info")) >= severity_rank(fail_on)
+    return finding.get("id") == canonical_id(fail_on) and finding.get("severity") != "info"
 
 
 _MARK = {"info": "·", "warning": "!", "error": "✗", "critical": "✗✗"}

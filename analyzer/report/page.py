@@ -105,6 +105,7 @@ def collect(run: Any, findings: list[Finding],
     checked."""
     from .events import event_rows, events_chart
     from .model import model_section
+    from .oom import oom_section
 
     ranks = sorted(int(r) for r in (run.ranks or [0]))
     ctx = ReportContext(con=run.con, ranks=ranks, rank=ranks[0] if ranks else 0,
@@ -128,6 +129,7 @@ def collect(run: Any, findings: list[Finding],
         "not_checked": not_checked or [],
         "sections": sections,
         "model": model,
+        "oom": oom_section(findings),
         "events_chart": ev_chart,
         "events": ev_rows, "event_groups": ev_groups, "event_total": ev_total,
         "gpu_time": ctx.gpu_time,

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnosis.analysis import Analysis
-from ..diagnosis.findings import severity_rank
-from ..diagnosis.summary import summary_of
+from ..diagnosis.summary import reaches, summary_of
 from ..errors import RunDirError
 from ..run.catalog import open_run
 
@@ -166,7 +165,7 @@ def watch_summary(run_dir: Path | str, *, fail_on: str | None, interval_s: float
                                           and f"from step {f['first_step']}") if x)
             say(f"{time.strftime('%H:%M:%S')}  {f['severity'].upper():8s} {f['id']}: "
                 f"{f['title']}" + (f"  [{where}]" if where else ""))
-            if fail_on and severity_rank(f["severity"]) >= severity_rank(fail_on):
+            if fail_on and reaches(f, fail_on):
                 reached = True
         if reached or not alive:
             if not alive:

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 from tracealyze.format.metaschema import RANK_FIELDS, RUN_FIELDS, check_meta
 from tracealyze.format.parts import (
     RANK_FILE_RE,
+    SNAPSHOT_DIR,
+    SNAPSHOT_RE,
     is_real_dir,
     is_regular,
     rank_of,
@@ -80,7 +82,8 @@ def open_run(path: str | Path, *, allow_empty: bool = False, allow_files: bool =
         if url is not None:
             inplace.relist(run.run_dir)
         fresh, fresh_con = _scan_and_connect(run.run_dir, True, allow_files)
-        for name in ("meta", "rank_meta", "skipped_parts", "files", "raw_traces", "ranks"):
+        for name in ("meta", "rank_meta", "skipped_parts", "files", "raw_traces", "snapshots",
+                     "ranks"):
             setattr(run, name, getattr(fresh, name))
         return fresh_con
 
@@ -225,6 +228,7 @@ def scan_run(path: str | Path, *, allow_empty: bool = False, sink: PartSink | No
                 if is_regular(f) and (f.name.endswith(".json") or f.name.endswith(".json.gz")):
                     run.raw_traces.append((r, f))
                     ranks.add(r)
+    run.snapshots = _snapshots(run_dir)
     run.ranks = sorted(ranks)
 
     if (not allow_empty and not any(valid.values()) and not run.raw_traces
@@ -234,3 +238,20 @@ def scan_run(path: str | Path, *, allow_empty: bool = False, sink: PartSink | No
         raise RunDirError(f"run has no recorded data (no readable part-*.parquet){detail}: "
                           f"{run_dir}")
     return run, valid
+
+
+def _snapshots(run_dir: Path) -> list[tuple[int, Path]]:
+    """``memory_snapshots/rank=<r>/oom-step<N>.pickle``: regular files only (no link is
+    followed), by the recorder's own names; anything else there is ignored."""
+    out: list[tuple[int, Path]] = []
+    folder = run_dir / SNAPSHOT_DIR
+    if not is_real_dir(folder):
+        return out
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        r = rank_of(entry.name)
+        if r is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        for f in sorted(Path(entry.path).iterdir()):
+            if SNAPSHOT_RE.match(f.name) and is_regular(f):
+                out.append((r, f))
+    return out

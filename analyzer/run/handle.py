@@ -51,6 +51,8 @@ class Run(Views):
         """Fields of run.json / rank files left out for their type (format.metaschema)."""
         self.files: dict[str, list[Path]] = {t: [] for t in TABLE_NAMES}
         self.raw_traces: list[tuple[int, Path]] = []
+        self.snapshots: list[tuple[int, Path]] = []
+        """The CUDA allocator's snapshots under ``memory_snapshots/rank=<r>/`` (rank, file)."""
         self.ranks: list[int] = []
         self.con: Any = None  # duckdb.DuckDBPyConnection, set by open_run
         self._now = time.time()

@@ -387,20 +387,22 @@ def test_update_ratio_negative(tmp_path):
     assert found(make_run(tmp_path, steps=100, tensors=4), "update_ratio") == []
 
 
-def test_cuda_fragmentation(tmp_path):
+def test_cuda_allocator_warnings_without_an_oom(tmp_path):
     run = make_run(tmp_path, steps=50, cuda_allocated=4 * GiB, cuda_reserved=12 * GiB)
-    (f,) = found(run, "cuda_fragmentation")
-    assert f["subject"] == "cuda_reserved_bytes"
+    (f,) = found(run, "cuda_oom")
+    assert f["subject"] == "cuda_reserved_bytes" and f["severity"] == "warning"
+    assert f["evidence"]["cause"] == "fragmentation" and f["former_id"] == "cuda_fragmentation"
     run2 = make_run(tmp_path, name="r", steps=50, cuda_allocated=4 * GiB,
                     cuda_reserved=5 * GiB, cuda_alloc_retries=lambda s: s // 10)
-    (g,) = found(run2, "cuda_fragmentation")
+    (g,) = found(run2, "cuda_oom")
     assert g["subject"] == "cuda_alloc_retries" and g["first_step"] == 10
+    assert g["evidence"]["cause"] == "capacity"
 
 
-def test_cuda_fragmentation_negative(tmp_path):
+def test_cuda_allocator_warnings_negative(tmp_path):
     run = make_run(tmp_path, steps=50, cuda_allocated=4 * GiB, cuda_reserved=5 * GiB,
                    cuda_alloc_retries=0)
-    assert found(run, "cuda_fragmentation") == []
+    assert found(run, "cuda_oom") == []
 
 
 def test_dead_activation(tmp_path):

@@ -203,7 +203,7 @@ def cli_ok(*args: str) -> str:
 # two recordings of the same seeded run differ there by the machine's load (a busy CI
 # machine makes one 6 ms step 25 ms: an info step_time_outlier on one side only)
 MEASURED = frozenset({"step_time_outlier", "straggler", "dataloader_bottleneck", "gpu_idle",
-                      "host_sync", "top_ops", "memory_leak", "cuda_fragmentation"})
+                      "host_sync", "top_ops", "memory_leak", "cuda_oom"})
 
 
 def _numeric_findings(summary: dict[str, Any]) -> list[str]:

@@ -209,8 +209,8 @@ def test_disk_full_keeps_rows_and_reports_once(run_dir: Path, monkeypatch: pytes
 def test_writer_item_exception_is_recorded(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def broken_snapshot(self: Any, rss: int | None = None, heap: int | None = None
-                        ) -> dict[str, Any]:
+    def broken_snapshot(self: Any, rss: int | None = None, heap: int | None = None,
+                        cuda: dict[str, Any] | None = None) -> dict[str, Any]:
         calls.append(1)
         raise RuntimeError("probe exploded")
 
