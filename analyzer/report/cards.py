@@ -45,5 +45,14 @@ class FindingCard:
 
 def cards(findings: Iterable[Finding], anchors: set[str]) -> list[FindingCard]:
     """A card per finding, in the analysis' order (root causes first)."""
-    return [FindingCard(f, format_evidence(f.evidence), f.chart if f.chart in anchors else None)
+    return [FindingCard(f, format_evidence(_shown(f)), f.chart if f.chart in anchors else None)
             for f in findings]
+
+
+def _shown(f: Finding) -> dict[str, Any]:
+    """The evidence a card lists: an allocator snapshot's summary has its own section
+    ("CUDA out of memory"), so the card names the file only."""
+    snap = f.evidence.get("snapshot")
+    if f.id == "cuda_oom" and isinstance(snap, dict):
+        return {**f.evidence, "snapshot": f"{snap.get('file')} (see Out of memory below)"}
+    return f.evidence

@@ -1,12 +1,14 @@
 """Regenerate docs/report.png, the README's picture of a report.
 
-    python tests/report/make_screenshot.py [--out docs/report.png]
+    python tests/report/make_screenshot.py [--out docs/report.png] [--run RUN_DIR]
 
-Records a real run (needs torch and transformers): the matrix's Hugging Face GPT-2 (small
-config, random weights, synthetic language; tests/matrix) trained 300 steps with gradient
-clipping at 1.0, whose learning rate a broken schedule raises 100x at step 150. The run
-directory's name, shown in the report's header, says so. Renders its report and photographs
-the top of the page in headless Chromium (same launch flags as the browser test).
+``--run``: photograph the report of an existing run (the README's picture is
+``sample_traces/gpu_oom_leak``, recorded on an H200). Without it, records a real run (needs
+torch and transformers): the matrix's Hugging Face GPT-2 (small config, random weights,
+synthetic language; tests/matrix) trained 300 steps with gradient clipping at 1.0, whose
+learning rate a broken schedule raises 100x at step 150; the run directory's name, shown in
+the report's header, says so. Renders the report and photographs the top of the page in
+headless Chromium (same launch flags as the browser test).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "report.png")
     ap.add_argument("--height", type=int, default=2300)
+    ap.add_argument("--run", type=Path, default=None, help="an existing run directory")
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
-        report = write_report(build(Path(tmp)), Path(tmp) / "report.html", progress=False)
+        run = args.run if args.run is not None else build(Path(tmp))
+        report = write_report(run, Path(tmp) / "report.html", progress=False)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=_chromium(), args=LAUNCH_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": args.height})

@@ -25,18 +25,22 @@ from ...gpu import allocsnap
 from ...writes import Dir
 from .base import Context
 
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+_UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
           "PiB": 1 << 50, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB)"
+_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB)\b"
+# (2.1's first releases spelt "capacty"; ≤ 1.4 said "X cached" for reserved-but-unallocated;
+# MPS says "MPS allocated: X ... max allowed: Y": tests/data/oom_messages.json, 48 messages
+# users posted, holds each variant)
+_CAPACITY = r"capac(?:i)?ty"
 _PATTERNS = {
     "request_bytes": re.compile(r"Tried to allocate " + _SIZE),
-    "total_bytes": re.compile(r"total capacity of " + _SIZE + r"|" + _SIZE
-                              + r" total capacity"),
+    "total_bytes": re.compile(_CAPACITY + r" of " + _SIZE + r"|" + _SIZE + r" total "
+                              + _CAPACITY + r"|max allowed: " + _SIZE),
     "free_bytes": re.compile(r"of which " + _SIZE + r" is free|" + _SIZE + r" free\b"),
     "allocated_bytes": re.compile(r"memory " + _SIZE + r" is allocated by PyTorch|"
-                                  + _SIZE + r" already allocated"),
+                                  + _SIZE + r" already allocated|MPS allocated: " + _SIZE),
     "reserved_unallocated_bytes": re.compile(_SIZE + r" is reserved by PyTorch but "
-                                             r"unallocated"),
+                                             r"unallocated|" + _SIZE + r" cached\)"),
     "reserved_bytes": re.compile(_SIZE + r" reserved in total by PyTorch"),
     "process_bytes": re.compile(r"this process has " + _SIZE + r" memory in use"),
 }
@@ -63,9 +67,11 @@ def parse_message(text: str) -> dict[str, int]:
 
 
 def is_oom_text(text: str) -> bool:
+    """A device allocator's out-of-memory message (CUDA, HIP, XPU, MPS), not a host
+    ``MemoryError``."""
     low = (text or "").lower()
-    return "out of memory" in low and ("cuda" in low or "hip" in low or "gpu" in low
-                                      or "tried to allocate" in low)
+    return ("tried to allocate" in low and ("out of memory" in low or "capac" in low)) or (
+        "out of memory" in low and ("cuda" in low or "hip" in low or "gpu" in low))
 
 
 @dataclass

@@ -115,29 +115,25 @@ def _diagnose(ctx: Context, th: Thresholds, oom: _oom.Oom, per_step: bool) -> Fi
             "cuda_allocated_bytes") or 0)
     shortfall = request - free if request is not None and free is not None else request
     growth, checked = _growth(ctx, th, oom, per_step, snap)
-    if request is not None and total is not None and request > total:
-        cause = "request_exceeds_device"
+    cause = cause_of(request, total, unalloc, shortfall, growth, checked)
+    if cause == "request_exceeds_device":
         why = (f"one request of {fmt_bytes(request)} is larger than the whole device "
                f"({fmt_bytes(total)}): a size bug, not fragmentation or a leak")
-    elif request is not None and unalloc is not None and unalloc >= request:
-        cause = "fragmentation"
+    elif cause == "fragmentation":
         why = (f"{fmt_bytes(unalloc)} was reserved but unallocated, at least the "
                f"{fmt_bytes(request)} asked, yet no block was large enough: fragmentation")
-    elif growth is not None and shortfall is not None and growth["bytes"] >= shortfall:
-        cause = "leak"
+    elif cause == "leak":
         why = (f"memory kept from step to step grew by {fmt_bytes(growth['per_step'])} a "
                f"step from {'about ' if growth.get('onset_estimated') else ''}step "
                f"{growth['onset_step']} ({fmt_bytes(growth['bytes'])} in all"
                f"{_where(growth)}) and ran into the capacity: without it the "
                f"{fmt_bytes(request)} would have fit")
-    elif request is not None and total is not None and checked:
-        cause = "capacity"
+    elif cause == "capacity":
         why = (f"the device ({fmt_bytes(total)}) was full with what the step needs"
                + (f" ({fmt_bytes(n['allocated_bytes'])} allocated by PyTorch)"
                   if n.get("allocated_bytes") else "")
                + ("; memory did not grow from step to step" if growth is None else ""))
     else:
-        cause = "unknown"
         why = ("the error states no sizes" if request is None or total is None else
                "whether memory grew from step to step cannot be told: this run's memory rows "
                "were read when the writer flushed (recorded before 2026-11-27), and no "
@@ -164,6 +160,22 @@ def _diagnose(ctx: Context, th: Thresholds, oom: _oom.Oom, per_step: bool) -> Fi
         title=f"CUDA out of memory on rank {oom.rank} at step {step}: {title}",
         message=f"The CUDA allocator could not satisfy a request at step {step}: {why}.",
         advice=_FIXES[cause], evidence=ev, chart=anchors.MEMORY)
+
+
+def cause_of(request: int | None, total: int | None, unalloc: int | None,
+             shortfall: int | None, growth: dict[str, Any] | None, checked: bool) -> str:
+    """The module docstring's order: the request against the device, then against the free
+    reserved memory, then the growth against the shortfall; capacity only once growth was
+    checked."""
+    if request is not None and total is not None and request > total:
+        return "request_exceeds_device"
+    if request is not None and unalloc is not None and unalloc >= request:
+        return "fragmentation"
+    if growth is not None and shortfall is not None and growth["bytes"] >= shortfall:
+        return "leak"
+    if request is not None and total is not None and checked:
+        return "capacity"
+    return "unknown"
 
 
 def _where(growth: dict[str, Any]) -> str:
