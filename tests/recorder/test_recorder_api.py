@@ -215,7 +215,12 @@ def test_parts_merged_at_close(run_dir: Path, model_opt: Any) -> None:
             opt.step()
             rec.step(loss=loss)
             rec.event("tick", f"step {i}", severity="info")
-            time.sleep(0.06)  # past the flush interval: the writer flushes between steps
+            # the writer flushes between steps: wait for this step's part (on a loaded
+            # machine the writer thread may not run within a fixed sleep)
+            deadline = time.monotonic() + 10
+            while (len(list((run_dir / "steps" / "rank=0").glob("part-*"))) <= i
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
         single = sorted(p.name for p in (run_dir / "steps" / "rank=0").glob("part-*"))
         assert len(single) >= 2, single
     for table in ("steps", "tensor_stats", "memory", "events"):
