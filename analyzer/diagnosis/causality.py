@@ -42,8 +42,12 @@ RULES: tuple[Rule, ...] = (
     # parameters that cannot learn (a graph cut, a block frozen by mistake, a head the
     # optimizer does not hold) explain a loss that does not fall
     Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite",
-                          "optimizer_coverage", "no_gradient", "unused_module"), slack=5),
-    Rule("update_ratio", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
+                          "optimizer_coverage", "no_gradient", "unused_module",
+                          "dead_activation"), slack=5),
+    Rule("update_ratio", ("gradient_explosion", "loss_divergence", "nonfinite",
+                          "dead_activation"), slack=5),
+    # dead units pass no gradient: the layers behind them (upstream) get none either
+    Rule("vanishing_gradient", ("dead_activation",), slack=5),
     # a CUDA OOM is what ended the run; a leak of CUDA memory is what ran into the capacity
     Rule("training_crashed", ("nonfinite", "cuda_oom", "memory_leak"), needs_step=False),
     Rule("cuda_oom", ("memory_leak",), needs_step=False),

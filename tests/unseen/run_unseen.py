@@ -73,17 +73,19 @@ def judge(expect: dict[str, Any], summary: dict[str, Any]) -> tuple[bool, list[s
     return not why, why
 
 
-def run_one(script: Path, root: Path, timeout: float) -> dict[str, Any]:
+def run_one(script: Path, root: Path, timeout: float, record: bool = True) -> dict[str, Any]:
     from tracealyze.analyzer.diagnosis.summary import build_summary
 
     run_dir = root / script.stem
     t0 = time.time()
-    proc = subprocess.run([sys.executable, str(script), "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=timeout)
+    err = ""
+    if record:
+        proc = subprocess.run([sys.executable, str(script), "--run-dir", str(run_dir)],
+                              capture_output=True, text=True, timeout=timeout)
+        err = f"exit {proc.returncode}: {proc.stderr[-500:]}"
     out: dict[str, Any] = {"seconds": round(time.time() - t0, 1)}
     if not (run_dir / "run.json").exists():
-        return {**out, "passed": False, "why": [f"no run recorded (exit {proc.returncode}): "
-                                                f"{proc.stderr[-500:]}"]}
+        return {**out, "passed": False, "why": [f"no run recorded ({err})"]}
     summary = build_summary(run_dir)
     passed, why = judge(expectation(script), summary)
     return {**out, "passed": passed, "why": why,
@@ -97,13 +99,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="verdicts JSON to write")
     ap.add_argument("--root", type=Path, default=None, help="where runs go (default: temp)")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--judge-only", action="store_true",
+                    help="judge the runs already under --root (after an analyzer change)")
     args = ap.parse_args()
+    if args.judge_only and args.root is None:
+        ap.error("--judge-only needs --root")
     scripts = sorted(p for p in SCRIPTS.glob("*.py")
                      if not args.names or p.stem in args.names)
     root = args.root or Path(tempfile.mkdtemp(prefix="unseen-"))
     verdicts = {}
     for s in scripts:
-        verdicts[s.stem] = v = run_one(s, root, args.timeout)
+        verdicts[s.stem] = v = run_one(s, root, args.timeout, record=not args.judge_only)
         print(f"{'PASS' if v['passed'] else 'FAIL'}  {s.stem}  ({v['seconds']} s)"
               + "".join(f"\n      {w}" for w in v["why"]), flush=True)
     n = sum(v["passed"] for v in verdicts.values())

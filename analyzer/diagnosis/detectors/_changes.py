@@ -146,6 +146,33 @@ def lr_summary(ctx: Context) -> dict[str, Any] | None:
             "constant": bool(np.allclose(lr, lr[0], rtol=1e-6))}
 
 
+DECAYED = 1e-3
+"""A learning rate this small a share of its peak has stopped learning (Adam's step is ~lr)."""
+
+
+def lr_decayed(ctx: Context, at: int) -> dict[str, Any] | None:
+    """The learning rate's trajectory when, by the end of the run, it had decayed below
+    DECAYED × its peak, and it was already falling towards it by step ``at`` (a per-batch
+    scheduler meant per epoch, a decay too fast): {peak, at_onset, end, text}; else None."""
+    r = _data.primary_rank(ctx, "lr")
+    if r is None:
+        return None
+    d = _data.steps(ctx)[r]
+    ok = np.isfinite(d["lr"]) & (d["lr"] > 0)
+    step, lr = d["step"][ok], d["lr"][ok]
+    if len(lr) < 3:
+        return None
+    peak, end = float(lr.max()), float(lr[-1])
+    i = min(int(np.searchsorted(step, at)), len(lr) - 1)
+    if end > DECAYED * peak or lr[i] >= peak or int(np.argmax(lr)) >= i:
+        return None
+    gone = int(step[int(np.argmax(lr <= DECAYED * peak))])
+    return {"peak": peak, "at_onset": float(lr[i]), "end": end, "below_at": gone,
+            "text": f"The learning rate had fallen from {peak:.3g} to {lr[i]:.3g} by step "
+                    f"{int(step[i])}, below {DECAYED:g}× its peak from step {gone}, and "
+                    f"{end:.3g} at the end"}
+
+
 EARLY_FRAC = 0.1
 """Share of the run that counts as 'from the start' for :func:`early_lr_note`."""
 

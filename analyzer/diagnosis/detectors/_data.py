@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...stats.shift import objective_shift
 from .base import Context
 
 MAX_POINTS = 1000
@@ -46,9 +47,26 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
                     # NULL (not recorded) and NaN (training produced NaN) differ: keep both
                     d[k + "_given"] = ~np.ma.getmaskarray(v)
             out[int(r)] = d
+        shifts = ctx.cached("objective_shifts", dict)
+        for r, d in out.items():
+            # a rescaled objective (loss and every gradient ×k at one step: stats/shift.py)
+            # is judged on its new scale: the steps after it are divided by k
+            sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
+            if sh is not None:
+                shifts[r] = sh
+                d["loss"] = np.concatenate([d["loss"][:sh.index],
+                                            d["loss"][sh.index:] / sh.factor])
+                d["grad_norm"] = np.concatenate([d["grad_norm"][:sh.index],
+                                                 d["grad_norm"][sh.index:] / sh.grad_factor])
         return out
 
     return ctx.cached("steps", load)
+
+
+def objective_shifts(ctx: Context) -> dict[int, Any]:
+    """rank → the objective's rescale (stats.shift.Shift) the steps series were corrected for."""
+    steps(ctx)
+    return ctx.cached("objective_shifts", dict)
 
 
 def rank_slices(rank: Any) -> list[tuple[int, slice]]:

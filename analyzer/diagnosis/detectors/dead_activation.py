@@ -23,7 +23,9 @@ DOC = {
     "meaning": "A module's output is almost always zero (dead ReLU units): it passes no "
                "signal or gradient.",
     "rule": "activation zero_frac averaged over the last window_frac of the run ≥ "
-            "min_zero_frac (needs activation statistics, preset debug).",
+            "min_zero_frac (needs activation statistics, preset debug); first_step is where "
+            "the module went dead: the start of the unbroken stretch of dead points that "
+            "reaches the window.",
     "fixes": "Lower the LR, LeakyReLU/GELU, better init, normalisation before the activation.",
 }
 
@@ -41,7 +43,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             continue
         z = float(np.average(s["zero_frac"][sel], weights=s["n"][sel]))
         if z >= th.min_zero_frac:
-            dead.append((z, name, int(s["step0"][sel][0])))
+            dead.append((z, name, _onset(s, sel, float(th.min_zero_frac))))
     if not dead:
         return []
     order = {n: i for i, n in enumerate(_data.model_order(ctx, "activation"))}
@@ -55,3 +57,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         advice=DOC["fixes"], chart=anchors.ACTIVATIONS,
         evidence={"modules": [n for _, n, _ in dead[:20]], "zero_frac": z,
                   "count": len(dead)})]
+
+
+def _onset(s: dict[str, np.ndarray], sel: np.ndarray, dead_at: float) -> int:
+    """The first step of the unbroken stretch of dead points (zero_frac ≥ ``dead_at``) that
+    runs into the judged window: when the units died, not where the window starts."""
+    ok = np.isfinite(s["zero_frac"])
+    step, z = s["step0"][ok], s["zero_frac"][ok]
+    first = int(np.flatnonzero(sel[ok])[0]) if sel[ok].any() else len(z) - 1
+    i = first
+    while i > 0 and z[i - 1] >= dead_at:
+        i -= 1
+    return int(step[i])

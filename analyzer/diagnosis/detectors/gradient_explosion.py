@@ -66,6 +66,7 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     ok = np.isfinite(logn)
     step, x = step[ok], logn[ok]
     keep = step >= (step[0] + th.warmup_steps if len(step) else 0)
+    all_step, all_x = step, x
     step, x = step[keep], x[keep]
     if len(x) < th.min_points:
         return None
@@ -114,8 +115,11 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # the change point: where a flat baseline turns into the sustained rise (a noisy
         # baseline's low point is not where growth starts)
         j = hinge(xs, max(0, j - w), i, j)
-        if int(step[j]) < onset_min:
-            continue  # early training: norms rise and settle on their own
+        if int(step[i]) < onset_min:
+            continue  # early training: norms rise (and settle) on their own
+        # growth that started in the warm-up and was still going past its end is dated
+        # from its own start, not from the end of the warm-up (issue 45: a textbook
+        # explosion grows from step 0, with no calm prefix)
         # the rise must also clear the series' typical level since warm-up (not just a
         # local dip) and actually go up from where it started
         baseline = float(np.median(xs[:j + 1]))
@@ -123,11 +127,17 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         if peak - baseline < need or x[i] <= x[j]:
             continue
         slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
+        onset = int(step[j])
+        if j == 0 and slope > 0:  # the first point looked at: the warm-up's points before
+            k = int(np.searchsorted(all_step, step[0]))  # it on the same line start it
+            while k > 0 and all_x[k - 1] < all_x[k] - 0.5 * slope * (all_step[k] - all_step[k - 1]):
+                k -= 1
+            onset = int(all_step[k])
         # back down to (near) the baseline for the rest of the run: the rise ended
         down = xs[i:] <= baseline + need / 2
         after = np.flatnonzero(~down)
         settled = bool(down[-1]) and not ends_nonfinite and len(after) < len(down)
-        return {"onset": int(step[j]), "cross": int(step[i]),
+        return {"onset": onset, "cross": int(step[i]),
                 # still growing into the series' end (the first NaN, if any): its highest
                 # point among the last few before it, and up since the crossing
                 "into_end": bool(np.all(xs[i:] >= lo[i] + need / 2)

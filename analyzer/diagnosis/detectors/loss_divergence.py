@@ -61,6 +61,28 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     r = _data.primary_rank(ctx, "loss")
     if r is None:
         return []
+    shift = _data.objective_shifts(ctx).get(r)
+    return ([_rescaled(r, shift)] if shift is not None else []) + _detect(ctx, th, r)
+
+
+def _rescaled(r: int, sh: Any) -> Finding:
+    """The objective changed scale at one step (stats/shift.py): what it is, at info."""
+    return Finding(
+        id=ID, severity="info", subject="loss", first_step=sh.step,
+        title=f"The objective was rescaled ×{sh.factor:.3g} at step {sh.step}",
+        message=(f"At step {sh.step} {sh.text()}: every gradient scaled with the loss, so "
+                 "the objective itself changed (a loss weight, a term counted twice, a sum "
+                 "instead of a mean), not the training. The loss after it is judged on its "
+                 "new scale."),
+        advice="If the change was not meant, look at what the loss code does from that "
+               "step (an auxiliary term switched on, a refactor); under SGD it also "
+               "multiplies the effective learning rate, under Adam it barely matters.",
+        chart=anchors.LOSS,
+        evidence={"rank": r, "step": sh.step, "loss_factor": sh.factor,
+                  "grad_factor": sh.grad_factor})
+
+
+def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
     d = _data.steps(ctx)[r]
     step_all, loss_all = d["step"], d["loss"]
     has = d["loss_given"]

@@ -102,6 +102,14 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             break
     if plateau_i is None:
         return []
+    # dated where the loss settled into the plateau's band, not where the tail that is no
+    # longer falling begins (a fall in the first steps before a long flat stretch is part
+    # of that tail, but the plateau starts where it ends)
+    band = float(np.median(y[plateau_i:])) * (1 + float(th.flat_band))
+    above = np.flatnonzero(y[plateau_i:] > band)
+    above = above[above < (npts - plateau_i) // 5]  # (the settling: later noise is noise)
+    if len(above):
+        plateau_i += int(above[-1]) + 1
     first = int(x[plateau_i])
     frac = (step[-1] - first) / span
     # "Never learned" needs the run as a whole not to have decreased either: a model that
@@ -120,7 +128,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     title = "Loss is not decreasing" if never else "Loss has plateaued"
     lr = _changes.lr_summary(ctx)
     lr_note = ""
-    if never and lr is not None:
+    decayed = _changes.lr_decayed(ctx, first)
+    if decayed is not None:
+        lr_note = f" {decayed['text']}: the schedule, not the model, stopped the learning."
+    elif never and lr is not None:
         lr_note = (f" The learning rate was {lr['first']:.3g}"
                    + (" throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})")
                    + ": if the loss fell in the first steps and stalled, it is likely too "
@@ -138,10 +149,12 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         message=(f"From step {first} to {int(step[-1])} ({100 * frac:.0f}% of the run) the "
                  f"loss stayed around {level:.4g} without a significant decrease (less than "
                  f"{100 * th.min_rel_decrease:.0f}% or not significant)."
-                 + (" The model does not seem to learn." if never else "") + lr_note),
+                 + (" The model does not seem to learn." if never and decayed is None
+                    else "") + lr_note),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),
-                  "level": level, "rank": r, "lr": lr, "chance_classes": chance})]
+                  "level": level, "rank": r, "lr": lr, "chance_classes": chance,
+                  "lr_decayed": decayed})]
 
 
 CHANCE_TOL = 0.05

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.periodic import phase_pattern
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -34,7 +35,10 @@ DOC = {
             "moves the batch mean by ~3% of the start, so a bump that gives back under 5% of "
             "what training gained is ordinary), and the loss comes back down (median of the "
             "next recover_steps below level + recover_frac × jump; a loss that stays up is "
-            "loss_divergence, not a spike).",
+            "loss_divergence, not a spike). Spikes at a phase of a fixed period whose median "
+            "over ≥ 4 cycles is itself a spike (a multi-task loop, a curriculum, an eval "
+            "every N steps: stats/periodic.py) are the loop's structure: explained, and "
+            "reported at info when nothing else remains.",
     "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
              "(the spike steps' data), use a larger batch or loss scaling with AMP.",
 }
@@ -86,6 +90,13 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     idx, base, resid, sigma = find_spikes(step, loss, th)
     if not len(idx):
         return []
+    # a rise that keeps an appointment (more than half the cycles at one phase) is design
+    pattern = phase_pattern(step, resid / max(sigma, 1e-12), float(th.z))
+    if pattern is not None:
+        by_design = [i for i in idx if pattern.explains(int(step[i]))]
+        idx = np.asarray([i for i in idx if not pattern.explains(int(step[i]))], dtype=int)
+        if not len(idx):
+            return [_structure(r, step, by_design, pattern)]
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
     first = idx[0]
     spikes = [int(s) for s in step[idx][:20]]
@@ -105,6 +116,22 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                   "worst_step": int(step[worst]), "worst_loss": float(loss[worst]),
                   "robust_sigma": sigma,
                   **({"sample_ids": {str(k): v for k, v in ids.items()}} if ids else {})})]
+
+
+def _structure(r: int, step: np.ndarray, idx: list[int], pattern: Any) -> Finding:
+    return Finding(
+        id=ID, severity="info", subject="loss", first_step=int(step[idx[0]]),
+        title=f"The loss rises {pattern.text().split(' (')[0]}: the loop's structure",
+        message=(f"The loss is higher at the same point of a fixed cycle, {pattern.text()} "
+                 "(more than half the cycles at that phase): a multi-task loop, a "
+                 "curriculum, an evaluation or a data source every N steps, not an "
+                 "accident."),
+        advice="Nothing to fix if this is by design; log each task's loss as its own "
+               "metric (rec.step(loss=..., task_b=...)) to follow each.",
+        chart=anchors.LOSS,
+        evidence={"period": pattern.period, "phases": list(pattern.phases),
+                  "cycles": pattern.cycles, "count": len(idx), "rank": r,
+                  "spike_steps": [int(s) for s in step[idx][:20]]})
 
 
 def _message(step: np.ndarray, loss: np.ndarray, base: np.ndarray, resid: np.ndarray,

@@ -38,7 +38,9 @@ DOC = {
             "unless the excess time of the outliers is ≥ warn_time_share of the total and "
             "≥ min_excess_s seconds, and the machine was not busy with other work during "
             "the slow steps (system table CPU ≥ busy_cpu_percent and 20 points above its "
-            "median, or other processes using ≥ others_cores cores then). Steps "
+            "median, or other processes using ≥ others_cores cores then) — unless the stall "
+            "is the training's own: its slow steps come exactly N steps apart, or the "
+            "process's own CPU fell below half its median during them. Steps "
             "where the recorder computed full statistics or profiled are not judged. When "
             "the outliers cost ≥ min_excess_s, the message says when most of their extra "
             "time was data wait, and when 3 or more come exactly N steps apart (below that "
@@ -73,12 +75,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                     "waits": _extra_wait(d["data_wait_s"][sel], out)}
     if best is None:
         return []
-    busy = _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores))
+    cause, period = _cause(best) if best["excess"] >= th.min_excess_s else ("", None)
+    # A stall that keeps a schedule (every N steps) or during which this process idled
+    # is the training's own, whatever else the machine was doing (issue 45, item 6).
+    busy = (None if period is not None else
+            _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores)))
     sev = ("warning" if best["share"] >= th.warn_time_share
            and best["excess"] >= th.min_excess_s and busy is None else "info")
     n = len(best["steps"])
     i = int(np.argmax(best["durs"]))
-    cause, period = _cause(best) if best["excess"] >= th.min_excess_s else ("", None)
     return [Finding(
         id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=int(best["steps"][0]),
         title=f"{n} slow step{'s' if n > 1 else ''} (up to {best['durs'][i] / best['med']:.1f}×"
@@ -114,10 +119,7 @@ def _cause(best: dict[str, Any]) -> tuple[str, int | None]:
     most of their extra time was spent waiting for the batch, the input pipeline stalled,
     not the model; where 3 or more come exactly N steps apart, the cause is periodic (a
     stall every epoch or every N steps is a schedule, not chance)."""
-    steps = best["steps"]
-    gaps = np.diff(steps)
-    period = int(gaps[0]) if len(steps) >= 3 and gaps[0] > 1 and (gaps == gaps[0]).all() \
-        else None
+    period = _period(best["steps"], best["durs"] - best["med"])
     data = best["waits"] is not None and best["waits"] >= 0.5 * best["excess"]
     text = ""
     if data:
@@ -131,6 +133,25 @@ def _cause(best: dict[str, Any]) -> tuple[str, int | None]:
                  ": a periodic cause (a checkpoint, an evaluation or logging every "
                  f"{period} steps, or the epoch boundary).")
     return text, period
+
+
+def _period(steps: np.ndarray, excess: np.ndarray) -> int | None:
+    """N when the slow steps keep a schedule: 3 or more of them on one phase of a period N
+    (a gap between two of them), holding at least two thirds of their excess time. A stray
+    slow step between them (a busy machine) does not break the schedule."""
+    steps, excess = np.asarray(steps, dtype=np.int64), np.asarray(excess, dtype=np.float64)
+    if len(steps) > 200:  # (bounded work: the 200 costliest, in step order)
+        keep = np.sort(np.argsort(excess)[-200:])
+        steps, excess = steps[keep], excess[keep]
+    total = float(np.sum(excess))
+    best: tuple[float, int] | None = None
+    for gap in sorted({int(g) for g in np.diff(steps) if g > 1}):
+        for phase in {int(s) % gap for s in steps}:
+            on = steps % gap == phase
+            share = float(np.sum(excess[on])) / total if total > 0 else 0.0
+            if on.sum() >= 3 and share >= 2 / 3 and (best is None or share > best[0]):
+                best = (share, gap)
+    return best[1] if best is not None else None
 
 
 def _machine_busy(ctx: Context, best: dict[str, Any], limit: float, others_cores: float
@@ -147,13 +168,16 @@ def _machine_busy(ctx: Context, best: dict[str, Any], limit: float, others_cores
     params: list[Any] = [best["rank"]]
     for a, b in zip(starts[:200], ends[:200], strict=False):
         params += [a, b + 1.0]
-    during, others = ctx.rows(
-        f"SELECT avg(cpu_percent), avg(cpu_percent - proc_cpu_percent / {cores or 1}) "
-        f"FROM system WHERE rank = ? AND ({cond})", params)[0]
-    typical = ctx.rows("SELECT median(cpu_percent) FROM system WHERE rank = ?",
-                       [best["rank"]])[0][0]
+    during, others, proc = ctx.rows(
+        f"SELECT avg(cpu_percent), avg(cpu_percent - proc_cpu_percent / {cores or 1}), "
+        f"avg(proc_cpu_percent) FROM system WHERE rank = ? AND ({cond})", params)[0]
+    typical, proc_typical = ctx.rows(
+        "SELECT median(cpu_percent), median(proc_cpu_percent) FROM system WHERE rank = ?",
+        [best["rank"]])[0]
     if during is None or typical is None:
         return None
+    if proc is not None and proc_typical and proc < 0.5 * proc_typical:
+        return None  # the training process itself went idle: its own stall (I/O, a lock)
     if during >= limit and during >= typical + 20.0:
         return float(during), float(typical)
     if cores is not None and others is not None and others * cores / 100.0 >= others_cores:

@@ -1,0 +1,54 @@
+"""stats/shift.objective_shift on generated runs with known answers (issue 45: "when every
+gradient scales by the same factor at once, the subject is the loss/objective")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tracealyze.analyzer.stats.shift import objective_shift
+
+
+def _run(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    step = np.arange(n)
+    level = 0.4 + 1.6 * np.exp(-step / (n / 4))         # a falling training loss
+    loss = level * np.exp(rng.normal(0, rng.uniform(0.03, 0.25), n))
+    grad = (0.5 + level) * np.exp(rng.normal(0, rng.uniform(0.05, 0.35), n))
+    return step, loss, grad
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_rescaled_objective_is_found_at_its_step(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(150, 1500))
+    step, loss, grad = _run(rng, n)
+    at = int(rng.integers(int(0.2 * n), int(0.8 * n)))
+    k = float(rng.choice([-1, 1]) * rng.uniform(np.log(1.8), np.log(6)))
+    loss[at:] *= np.exp(k)
+    grad[at:] *= np.exp(k)
+    sh = objective_shift(step, loss, grad)
+    assert sh is not None and abs(sh.step - at) <= 1, (at, sh)
+    assert abs(np.log(sh.factor) - k) < 0.2
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_healthy_runs_spikes_and_loss_only_shifts_are_not(seed: int) -> None:
+    rng = np.random.default_rng(500 + seed)
+    n = int(rng.integers(150, 1500))
+    step, loss, grad = _run(rng, n)
+    case = seed % 3
+    if case == 1:  # one bad batch: a step that comes back down
+        i = int(rng.integers(10, n - 10))
+        loss[i] *= 50
+        grad[i] *= 50
+    elif case == 2:  # the loss alone moves (a harder data source): gradients do not follow
+        loss[n // 2:] *= 3
+    assert objective_shift(step, loss, grad) is None
+
+
+def test_a_divergence_is_not_a_rescale() -> None:
+    rng = np.random.default_rng(7)
+    step, loss, grad = _run(rng, 400)
+    ramp = np.clip((step - 200) / 40, 0, None)        # grows over 40 steps, keeps growing
+    loss *= np.exp(0.15 * ramp * 40 / 40 * ramp)
+    grad *= np.exp(0.2 * ramp * ramp)
+    assert objective_shift(step, loss, grad) is None
