@@ -337,3 +337,33 @@ def test_the_run_is_in_the_store_from_its_start(s3: str, tmp_path: Path) -> None
         names = {f.rel for f in storage.list_run(loc)}
         assert {"run.json", "ranks/rank=0.json"} <= names
         assert json.loads(storage.read_bytes(loc, "run.json"))["status"] == "running"
+
+
+def test_a_cuda_oom_snapshot_reaches_the_bucket_and_is_read_from_it(
+        s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 44 item 3: the allocator snapshot written at a CUDA OOM is uploaded like a part,
+    and the analyzer reads it back from the URL (its mirror) into the cuda_oom finding."""
+    from tracealyze.recorder.training import oom as oom_mod
+
+    snap = {"segments": [{"address": 4096, "total_size": 3 << 30, "allocated_size": 3 << 30,
+                          "blocks": [{"address": 4096, "size": 3 << 30, "state":
+                                      "active_allocated", "frames": [
+                                          {"filename": "train.py", "line": 7,
+                                           "name": "step"}]}]}],
+            "device_traces": [[]]}
+    monkeypatch.setattr(oom_mod.torch.cuda.memory, "_snapshot", lambda device=None: snap)
+    url = f"s3://{s3}/runs/oom"
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError), Recorder(url, model=model, optimizer=opt,
+                                               spool_dir=str(tmp_path / "spool"),
+                                               system_interval_s=0) as rec:
+        rec._oom.cuda = True  # (the device would be CUDA)
+        for _ in range(3):
+            _step(model, opt, rec, torch.randn(8, 4))
+        raise RuntimeError("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a "
+                           "total capacity of 8.00 GiB of which 1.00 GiB is free.")
+    keys = [f.rel for f in storage.list_run(storage.locate(url))]
+    assert "memory_snapshots/rank=0/oom-step000003.pickle" in keys
+    f = next(x for x in _summary(url)["findings"] if x["id"] == "cuda_oom")
+    assert f["evidence"]["snapshot"]["live_by_frame"][0]["frame"] == "train.py:7 in step"
