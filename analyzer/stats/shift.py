@@ -4,7 +4,9 @@ step, and stay there.
 A training loop that starts weighting its loss differently mid-run (an auxiliary term
 switched on, a term added twice by a refactor, ``reduction="sum"`` instead of ``"mean"``)
 multiplies the loss by k from one step to the next, and, because the gradient is linear in
-the loss, every gradient by the same k at that very step. Nothing else does that: a learning
+the loss, every gradient by the same k at that very step (by another factor when only one
+term of a sum is rescaled, but at the same step, the same way). A learning-rate change at
+that step is the other way to get there; the caller rules it out. Nothing else does that: a learning
 rate that is too high makes the loss rise over many steps while the gradient norm grows
 geometrically; a bad batch is one step that comes back down. Seen as a change of the
 *objective*, the steps after it are judged on the rescaled level (a loss twice as high is
@@ -22,8 +24,6 @@ import numpy as np
 MIN_FACTOR = 1.5
 """Smallest rescale looked for (either way): smaller level changes are within what a
 schedule or a curriculum does to a loss over a few steps."""
-SAME = 1.25
-"""The loss's and the gradient norm's factors agree within this ratio."""
 NOISE_Z = 5.0
 """The loss's shift is this many standard errors of the difference of two window medians
 (from its own step-to-step noise); the gradient norm's, 3."""
@@ -55,8 +55,8 @@ def _med(a: np.ndarray) -> float:
 
 def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
                     ) -> Shift | None:
-    """The one step at which loss and gradient norm jump by the same factor (≥ MIN_FACTOR
-    either way, within SAME of each other), significantly (NOISE_Z), and stay: the medians of
+    """The one step at which loss (by ≥ MIN_FACTOR, significantly: NOISE_Z) and gradient
+    norm (the same way, significantly) jump together, and stay: the medians of
     ``w`` points before and after agree with the medians of the points further on. Series
     aligned by position; non-positive or nonfinite values are not used. None when there is
     no such step."""
@@ -71,14 +71,15 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
     # from the step-to-step differences (robust: 1.4826·MAD/√2)
     se_l, se_g = (1.25 * _sigma(x) * np.sqrt(2 / w) for x in (lg, gg))
     best: tuple[float, int, float, float] | None = None
-    for i in range(w, n - 2 * w + 1):
+    for i in range(2 * w, n - 2 * w + 1):  # (a level held before it, and after)
         dl = _med(lg[i:i + w]) - _med(lg[i - w:i])
         if abs(dl) < np.log(MIN_FACTOR) or abs(dl) < NOISE_Z * se_l:
             continue
         dg = _med(gg[i:i + w]) - _med(gg[i - w:i])
-        # the gradient norm corroborates: shifted significantly (3 standard errors), by
-        # the loss's factor within SAME or within its own uncertainty (3 standard errors)
-        if abs(dl - dg) > max(np.log(SAME), 3 * se_g) or abs(dg) < 3 * se_g:
+        # the gradient norm corroborates: shifted the same way at the same step,
+        # significantly (3 standard errors). (Not by the same factor: when one term of a
+        # sum is rescaled, the loss and the gradient change by different factors.)
+        if dg * dl <= 0 or abs(dg) < max(3 * se_g, np.log(MIN_FACTOR) / 2):
             continue
         # abrupt: the step itself already sits at the new level (not a ramp through it)
         if abs((lg[i] - _med(lg[i - w:i])) - dl) > abs(dl) / 2:
@@ -88,7 +89,7 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         later = _med(lg[i + w:i + 2 * w]) - _med(lg[i - w:i])
         if abs(later - dl) > abs(dl) / 2:
             continue
-        if i >= 2 * w and abs(_med(lg[i - w:i]) - _med(lg[i - 2 * w:i - w])) > abs(dl) / 2:
+        if abs(_med(lg[i - w:i]) - _med(lg[i - 2 * w:i - w])) > abs(dl) / 2:
             continue
         if best is None or abs(dl) > best[0]:
             best = (abs(dl), i, dl, dg)

@@ -52,3 +52,26 @@ def test_a_divergence_is_not_a_rescale() -> None:
     loss *= np.exp(0.15 * ramp * 40 / 40 * ramp)
     grad *= np.exp(0.2 * ramp * ramp)
     assert objective_shift(step, loss, grad) is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_one_term_of_a_sum_rescaled_moves_loss_and_gradients_by_different_factors(
+        seed: int) -> None:
+    """A VAE whose reconstruction term goes from a mean to a sum: the loss ×3.4, the gradient
+    norm ×7, at the same step, both staying: still the objective (found, dated)."""
+    rng = np.random.default_rng(2000 + seed)
+    step, loss, grad = _run(rng, 400)
+    loss[200:] *= 3.4
+    grad[200:] *= 7.0
+    sh = objective_shift(step, loss, grad)
+    assert sh is not None and abs(sh.step - 200) <= 1
+
+
+def test_fast_early_learning_is_not_a_rescale() -> None:
+    """An abrupt early fall (a model that finds the task in a few steps): no level held
+    before it, so it is learning, not the objective."""
+    rng = np.random.default_rng(3)
+    step, loss, grad = _run(rng, 300)
+    loss[13:] *= 0.13
+    grad[13:] *= 0.3
+    assert objective_shift(step, loss, grad) is None

@@ -52,7 +52,7 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
             # a rescaled objective (loss and every gradient ×k at one step: stats/shift.py)
             # is judged on its new scale: the steps after it are divided by k
             sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
-            if sh is not None:
+            if sh is not None and not _lr_moved(d, sh.index):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],
                                             d["loss"][sh.index:] / sh.factor])
@@ -61,6 +61,14 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         return out
 
     return ctx.cached("steps", load)
+
+
+def _lr_moved(d: dict[str, np.ndarray], i: int, factor: float = 3.0) -> bool:
+    """Did the learning rate change by ``factor`` (either way) within 2 steps of position i?
+    Then the LR, not the objective, moved the loss and the gradients."""
+    lr = d["lr"][max(0, i - 3):i + 3]
+    lr = lr[np.isfinite(lr) & (lr > 0)]
+    return len(lr) >= 2 and float(lr.max() / lr.min()) >= factor
 
 
 def objective_shifts(ctx: Context) -> dict[int, Any]:

@@ -65,10 +65,15 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
     onset is at or after step ``onset_min`` (the end of the run's warm-up)."""
     ok = np.isfinite(logn)
     step, x = step[ok], logn[ok]
-    keep = step >= (step[0] + th.warmup_steps if len(step) else 0)
+    # A growth that runs into NaN/Inf within a few steps of the start has no warm-up to
+    # skip and few points to show: 4 rising ones into a NaN are unmistakable.
+    if not len(x):
+        return None
+    short = ends_nonfinite and len(x) < th.min_points + th.warmup_steps
+    keep = step >= (step[0] + (0 if short else th.warmup_steps))
     all_step, all_x = step, x
     step, x = step[keep], x[keep]
-    if len(x) < th.min_points:
+    if len(x) < (min(4, th.min_points) if short else th.min_points):
         return None
     xs = _stats.rolling_median(x, int(th.smooth))
     w = max(2, int(window_pts))
@@ -115,8 +120,8 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # the change point: where a flat baseline turns into the sustained rise (a noisy
         # baseline's low point is not where growth starts)
         j = hinge(xs, max(0, j - w), i, j)
-        if int(step[i]) < onset_min:
-            continue  # early training: norms rise (and settle) on their own
+        if int(step[i]) < onset_min and not nan_ends_it:
+            continue  # early training: norms rise (and settle) on their own (not into NaN)
         # growth that started in the warm-up and was still going past its end is dated
         # from its own start, not from the end of the warm-up (issue 45: a textbook
         # explosion grows from step 0, with no calm prefix)
@@ -127,12 +132,13 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         if peak - baseline < need or x[i] <= x[j]:
             continue
         slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
-        onset = int(step[j])
+        onset, start_x = int(step[j]), float(x[j])
         if j == 0 and slope > 0:  # the first point looked at: the warm-up's points before
             k = int(np.searchsorted(all_step, step[0]))  # it on the same line start it
-            while k > 0 and all_x[k - 1] < all_x[k] - 0.5 * slope * (all_step[k] - all_step[k - 1]):
+            while k > 0 and all_x[k - 1] < all_x[k] - 0.5 * slope * (
+                    all_step[k] - all_step[k - 1]):
                 k -= 1
-            onset = int(all_step[k])
+            onset, start_x = int(all_step[k]), float(all_x[k])
         # back down to (near) the baseline for the rest of the run: the rise ended
         down = xs[i:] <= baseline + need / 2
         after = np.flatnonzero(~down)
@@ -143,7 +149,7 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
                 "into_end": bool(np.all(xs[i:] >= lo[i] + need / 2)
                                  and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)),
                 "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
-                else None, "from": float(math.exp(x[j])),
+                else None, "from": float(math.exp(start_x)),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
                 "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline))}
     return None

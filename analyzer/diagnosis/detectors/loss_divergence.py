@@ -123,7 +123,10 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
     best_level = float(np.nanmin(_stats.rolling_median(loss, max(w, tail // 2))))
     rose = (end - best > th.rise * ref and end - best > th.rise_abs * abs(best)
             and end - best_level > th.noise_sigmas * noise and ib < len(sm) - tail)
-    if not rose:
+    # a loss whose smoothed minimum is not below its very first value never fell at all:
+    # the edge of the smoothing window only made it look as if it had (a loss growing 10x a
+    # step from step 0 "fell from 172 to 13.9")
+    if not rose or (init is not None and init <= best):
         return _never_recovered(ctx, th, r, step, loss, sm, end, tail_nonfinite,
                                 l0=init, noise=step_noise)
     level = end if not tail_nonfinite else float("inf")
@@ -175,7 +178,10 @@ def _never_recovered(ctx: Context, th: Thresholds, r: int, step: np.ndarray,
     if not (peak - l0 > float(th.blowup) * abs(l0) and peak - l0 > th.blowup_sigmas * noise
             and (end > l0 or tail_nonfinite)):
         return []
-    up = np.flatnonzero((loss > l0 + 0.1 * (peak - l0)) & (step > 0))
+    # onset: from where the loss stayed above its start (by its noise) up to the peak (a
+    # tenth of the way to the peak dates a geometric rise far too late)
+    below = np.flatnonzero((loss[:ip + 1] <= l0 + th.blowup_sigmas * noise) & (step[:ip + 1] > 0))
+    up = np.flatnonzero(step[:ip + 1] > (step[below[-1]] if len(below) else 0))
     first = int(step[int(up[0])]) if len(up) else int(step[ip])
     cause = _changes.within(ctx, first - 10, first + 2)
     first, because = _changes.dated_by(cause, first)

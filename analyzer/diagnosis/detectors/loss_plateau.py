@@ -108,7 +108,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     band = float(np.median(y[plateau_i:])) * (1 + float(th.flat_band))
     above = np.flatnonzero(y[plateau_i:] > band)
     above = above[above < (npts - plateau_i) // 5]  # (the settling: later noise is noise)
-    if len(above):
+    # only a real descent is trimmed: the points before the settling lie above the band as
+    # a whole (their median), not a few noisy ones on a flat loss
+    if len(above) and float(np.median(y[plateau_i:plateau_i + int(above[-1]) + 1])) > band:
         plateau_i += int(above[-1]) + 1
     first = int(x[plateau_i])
     frac = (step[-1] - first) / span
