@@ -6,7 +6,10 @@ switched on, a term added twice by a refactor, ``reduction="sum"`` instead of ``
 multiplies the loss by k from one step to the next, and, because the gradient is linear in
 the loss, every gradient by the same k at that very step (by another factor when only one
 term of a sum is rescaled, but at the same step, the same way). A learning-rate change at
-that step is the other way to get there; the caller rules it out. Nothing else does that: a learning
+that step is the other way to get there; the caller rules it out. Only a rise is read
+as a rescale: a loss and gradients that fall together at one step are a model finding its
+solution (and judging what follows on a scale divided by that factor would make it a
+divergence). Nothing else does that: a learning
 rate that is too high makes the loss rise over many steps while the gradient norm grows
 geometrically; a bad batch is one step that comes back down. Seen as a change of the
 *objective*, the steps after it are judged on the rescaled level (a loss twice as high is
@@ -73,7 +76,10 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
     best: tuple[float, int, float, float] | None = None
     for i in range(2 * w, n - 2 * w + 1):  # (a level held before it, and after)
         dl = _med(lg[i:i + w]) - _med(lg[i - w:i])
-        if abs(dl) < np.log(MIN_FACTOR) or abs(dl) < NOISE_Z * se_l:
+        # upward only: loss and gradients that fall together at one step are what a model
+        # finding the solution looks like (a learning transition), and dividing what
+        # follows by that factor would turn it into a divergence
+        if dl < np.log(MIN_FACTOR) or dl < NOISE_Z * se_l:
             continue
         dg = _med(gg[i:i + w]) - _med(gg[i - w:i])
         # the gradient norm corroborates: shifted the same way at the same step,

@@ -63,12 +63,29 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
     return ctx.cached("steps", load)
 
 
-def _lr_moved(d: dict[str, np.ndarray], i: int, factor: float = 3.0) -> bool:
-    """Did the learning rate change by ``factor`` (either way) within 2 steps of position i?
-    Then the LR, not the objective, moved the loss and the gradients."""
-    lr = d["lr"][max(0, i - 3):i + 3]
-    lr = lr[np.isfinite(lr) & (lr > 0)]
-    return len(lr) >= 2 and float(lr.max() / lr.min()) >= factor
+def _lr_moved(d: dict[str, np.ndarray], i: int) -> bool:
+    """Did the learning rate move around position i (by RESCALE_LR_RISE either way within 3
+    steps: a jump), or was it still rising into it (above its level RESCALE_LR_LOOKBACK
+    steps before) after rising by RESCALE_LR_RISE from its lowest level (a ramp)? Then the
+    LR, not the objective, moved the loss and the gradients."""
+    lr = d["lr"]
+
+    def ok(a: np.ndarray) -> np.ndarray:
+        return a[np.isfinite(a) & (a > 0)]
+
+    near, before = ok(lr[max(0, i - 3):i + 4]), ok(lr[:i + 4])
+    if len(near) >= 2 and float(near.max() / near.min()) >= RESCALE_LR_RISE:
+        return True
+    back = ok(lr[max(0, i - RESCALE_LR_LOOKBACK):max(1, i - RESCALE_LR_LOOKBACK + 1)])
+    rising = len(back) and len(near) and float(near[-1]) > 1.01 * float(back[0])
+    return bool(rising and len(before) >= 2
+                and float(near[-1] / before.min()) >= RESCALE_LR_RISE)
+
+
+RESCALE_LR_LOOKBACK = 20
+RESCALE_LR_RISE = 1.5
+"""An LR that jumped this much around a loss rise, or rose this much into it and was still
+rising, explains it: the rise is not read as a rescaled objective."""
 
 
 def objective_shifts(ctx: Context) -> dict[int, Any]:

@@ -120,11 +120,15 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # the change point: where a flat baseline turns into the sustained rise (a noisy
         # baseline's low point is not where growth starts)
         j = hinge(xs, max(0, j - w), i, j)
-        if int(step[i]) < onset_min and not nan_ends_it:
-            continue  # early training: norms rise (and settle) on their own (not into NaN)
-        # growth that started in the warm-up and was still going past its end is dated
-        # from its own start, not from the end of the warm-up (issue 45: a textbook
-        # explosion grows from step 0, with no calm prefix)
+        # early training: norms rise on their own and settle (an embedding's or a bias's
+        # gradient grows from its small initial level as the model learns). A rise from
+        # the warm-up counts only when it does not settle: it runs into NaN/Inf or is still
+        # growing at the end of the series; it is then dated from its own start (issue 45:
+        # a textbook explosion grows from step 0, with no calm prefix)
+        to_end = bool(np.all(xs[i:] >= lo[i] + need / 2)) and int(np.argmax(xs)) >= len(
+            xs) - max(3, w // 5)
+        if int(step[j]) < onset_min and not (nan_ends_it or to_end):
+            continue
         # the rise must also clear the series' typical level since warm-up (not just a
         # local dip) and actually go up from where it started
         baseline = float(np.median(xs[:j + 1]))
@@ -211,6 +215,8 @@ def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
     # jump 10 steps after BERT's attention weights finished growing) is not this growth's
     lag = max(5, span // 4)
     after = loss[(step >= res["cross"] - lag) & (step <= res["cross"] + lag)]
+    if len(before) < 3 and res["onset"] <= int(step[0]) + 2:
+        before = loss[:3]  # a growth from the run's start: against the first losses
     if len(before) < 3 or len(after) < 3:
         return True
     noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
