@@ -22,12 +22,17 @@ def test_a_rescaled_objective_is_found_at_its_step(seed: int) -> None:
     n = int(rng.integers(150, 1500))
     step, loss, grad = _run(rng, n)
     at = int(rng.integers(int(0.2 * n), int(0.8 * n)))
-    k = float(rng.choice([-1, 1]) * rng.uniform(np.log(1.8), np.log(6)))
-    loss[at:] *= np.exp(k)
-    grad[at:] *= np.exp(k)
-    sh = objective_shift(step, loss, grad)
+    k = float(rng.uniform(np.log(1.8), np.log(6)))
+    up_loss, up_grad = loss.copy(), grad.copy()
+    up_loss[at:] *= np.exp(k)
+    up_grad[at:] *= np.exp(k)
+    sh = objective_shift(step, up_loss, up_grad)
     assert sh is not None and abs(sh.step - at) <= 1, (at, sh)
     assert abs(np.log(sh.factor) - k) < 0.2
+    # the same step downwards is what a learning transition looks like: not read as one
+    loss[at:] *= np.exp(-k)
+    grad[at:] *= np.exp(-k)
+    assert objective_shift(step, loss, grad) is None
 
 
 @pytest.mark.parametrize("seed", range(30))
