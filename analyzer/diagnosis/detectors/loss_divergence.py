@@ -175,14 +175,20 @@ def _never_recovered(ctx: Context, th: Thresholds, r: int, step: np.ndarray,
     half = sm[: max(1, len(sm) // 2)]
     ip = int(np.nanargmax(half))
     peak = float(half[ip])
-    if not (peak - l0 > float(th.blowup) * abs(l0) and peak - l0 > th.blowup_sigmas * noise
-            and (end > l0 or tail_nonfinite)):
+    # (a loss that climbs orders of magnitude into NaN/Inf needs no noise margin: its own
+    # step-to-step "noise" is the blow-up)
+    clear = peak - l0 > th.blowup_sigmas * noise or (tail_nonfinite and peak > 10 * abs(l0))
+    if not (peak - l0 > float(th.blowup) * abs(l0) and clear and (end > l0 or tail_nonfinite)):
         return []
-    # onset: from where the loss stayed above its start (by its noise) up to the peak (a
-    # tenth of the way to the peak dates a geometric rise far too late)
-    below = np.flatnonzero((loss[:ip + 1] <= l0 + th.blowup_sigmas * noise) & (step[:ip + 1] > 0))
-    up = np.flatnonzero(step[:ip + 1] > (step[below[-1]] if len(below) else 0))
-    first = int(step[int(up[0])]) if len(up) else int(step[ip])
+    # onset: the earlier of where the loss first went a tenth of the way to its peak (late
+    # for a geometric rise, whose peak is orders above) and where it stayed above its start
+    # by its noise up to the peak (late for a noisy blow-up that dips back now and then)
+    tenth = np.flatnonzero((loss > l0 + 0.1 * (peak - l0)) & (step > 0))
+    margin = min(th.blowup_sigmas * noise, float(th.blowup) * abs(l0))
+    below = np.flatnonzero((loss[:ip + 1] <= l0 + margin) & (step[:ip + 1] > 0))
+    stayed = np.flatnonzero(step[:ip + 1] > (step[below[-1]] if len(below) else 0))
+    cands = [int(step[int(a[0])]) for a in (tenth, stayed) if len(a)]
+    first = min(cands) if cands else int(step[ip])
     cause = _changes.within(ctx, first - 10, first + 2)
     first, because = _changes.dated_by(cause, first)
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
