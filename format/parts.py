@@ -245,14 +245,20 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON to a temporary name, fsync and rename: readers never see half a file."""
     import orjson
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     # orjson: run.json is rewritten at every flush from the writer thread, where the
     # standard library's indented (pure-Python) encoder took ~1 ms of CPU per file.
-    text = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
-                        | orjson.OPT_SERIALIZE_NUMPY, default=str)
+    write_bytes_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2
+                                          | orjson.OPT_NON_STR_KEYS
+                                          | orjson.OPT_SERIALIZE_NUMPY, default=str))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """``data`` to a temporary name, fsync and rename (creating the folder): a killed
+    process leaves no half file under ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as fh:
-        fh.write(text)
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

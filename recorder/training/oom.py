@@ -19,15 +19,13 @@ Without history the snapshot still holds the segments and blocks (without stacks
 
 from __future__ import annotations
 
-import os
 import pickle
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from tracealyze.format.parts import SNAPSHOT_DIR
+from tracealyze.format.parts import SNAPSHOT_DIR, write_bytes_atomic
 
 HISTORY_STACKS = "python"
 """Python frames only: C++ stacks cost far more to gather and symbolise."""
@@ -94,12 +92,6 @@ class OomSnapshots:
         return path
 
     def _write(self, snap: Any, step: int) -> Path:
-        """Atomically (a temporary name, then a rename): a killed process leaves no half
-        file under a snapshot's name."""
-        self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"oom-step{max(step, 0):06d}.pickle"
-        tmp = self.dir / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(snap, f, protocol=4)
-        os.replace(tmp, path)
+        write_bytes_atomic(path, pickle.dumps(snap, protocol=4))  # (our own dict: PyTorch's)
         return path
