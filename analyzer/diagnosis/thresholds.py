@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
+from .findings import FORMER_IDS
 
 
 class Thresholds(Mapping[str, Any]):
@@ -67,6 +68,8 @@ def _aliases(modules: Iterable[ModuleType]) -> dict[str, str]:
         names[mod.__name__.rsplit(".", 1)[-1]] = mod.ID
         for alias in getattr(mod, "ALIASES", ()):
             names[alias] = mod.ID
+    ids = set(names.values())
+    names.update({old: new for old, new in FORMER_IDS.items() if new in ids})
     return names
 
 

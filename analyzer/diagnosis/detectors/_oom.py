@@ -44,9 +44,6 @@ _PATTERNS = {
     "reserved_bytes": re.compile(_SIZE + r" reserved in total by PyTorch"),
     "process_bytes": re.compile(r"this process has " + _SIZE + r" memory in use"),
 }
-SNAPSHOT_MAX_BYTES = 512 << 20
-"""Larger snapshot files are not read (allocsnap.MAX_BYTES: a real one with 100k history
-entries is ~25 MB)."""
 
 
 def parse_message(text: str) -> dict[str, int]:
@@ -93,15 +90,13 @@ def ooms(ctx: Context) -> list[Oom]:
         "ORDER BY rank, time")
     out: dict[int, Oom] = {}
     for rank, step, message, details in rows:
+        if rank in out or not is_oom_text(message or ""):
+            continue  # (a host MemoryError is not the GPU's: memory_leak tells those)
         try:
             det = json.loads(details) if details else {}
         except ValueError:
             det = {}
         det = det if isinstance(det, dict) else {}
-        if rank in out or not (det.get("oom") or is_oom_text(message or "")):
-            continue
-        if not is_oom_text(message or ""):
-            continue  # a host MemoryError is not the GPU's (memory_leak tells those)
         mem = det.get("memory") if isinstance(det.get("memory"), dict) else {}
         out[int(rank)] = Oom(int(rank), None if step is None else int(step), message or "",
                              parse_message(message or ""), mem)
@@ -137,7 +132,7 @@ def snapshot(ctx: Context, rank: int) -> dict[str, Any] | None:
 
     def load() -> dict[str, Any]:
         try:
-            data = _read_regular(path, SNAPSHOT_MAX_BYTES)
+            data = _read_regular(path, allocsnap.MAX_BYTES)
             summary = allocsnap.summarize(allocsnap.decode(data, path.name))
         except (OSError, ValueError) as e:
             return {"file": _rel(ctx, path), "error": str(e).splitlines()[0] if str(e) else

@@ -47,7 +47,7 @@ from .memory_leak import steady_onset
 
 ID = "cuda_oom"
 NEEDS: tuple[str, ...] = ("memory",)
-ALIASES = ("cuda_fragmentation", "oom")
+ALIASES = ("oom",)  # (and its former id, cuda_fragmentation: findings.FORMER_IDS)
 DEFAULTS: dict[str, Any] = {
     "max_reserved_ratio": 2.0,      # no OOM: median reserved / allocated above this ...
     "min_gap_bytes": 1073741824,    # ... with at least 1 GiB reserved but unused: fragmented
