@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from .stats import norms
+
 MODEL_OUTPUT = "<output>"
 """The role label of the forward pass's last module output (the model's output)."""
 MAX_HELD = 256
@@ -111,22 +113,28 @@ def flush(acc: Any) -> None:
     held, acc.grad_held, acc.grad_held_bytes = acc.grad_held, [], 0
     if not held:
         return
+    labels = tuple(label for label, _ in held)
+    grads = [g for _, g in held]
     with torch.no_grad():
+        first = grads[0]
+        if all(g.dtype == first.dtype and g.device == first.device for g in grads):
+            # the usual case, one dtype on one device: one fused reduction, in order
+            acc.grad_probes.append((labels, norms(grads)))
+            return
         groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-        for i, (_, g) in enumerate(held):
+        for i, g in enumerate(grads):
             groups.setdefault((g.device, g.dtype), []).append(i)
-        out: list[Any] = [None] * len(held)
-        device = held[0][1].device
+        out: list[Any] = [None] * len(grads)
         for (dev, dtype), idx in groups.items():
-            ts = [held[i][1] for i in idx]
-            if dtype in (torch.float64, torch.complex128):
-                vals = [v.float() for v in torch._foreach_norm(ts, 2)]
-            else:
-                vals = torch._foreach_norm(ts, 2, dtype=torch.float32)
+            # one fused reduction per dtype and device, its values put back in firing order
+            # (a model split over devices: non-blocking copies to the first one)
+            ts = [grads[i] for i in idx]
+            vals = ([v.float() for v in torch._foreach_norm(ts, 2)]
+                    if dtype in (torch.float64, torch.complex128)
+                    else torch._foreach_norm(ts, 2, dtype=torch.float32))
             for i, v in zip(idx, vals, strict=True):
-                # (a model split over devices: non-blocking copies to the first one)
-                out[i] = v if dev == device else v.to(device, non_blocking=True)
-        acc.grad_probes.append((tuple(label for label, _ in held), torch.stack(out)))
+                out[i] = v if dev == first.device else v.to(first.device, non_blocking=True)
+        acc.grad_probes.append((labels, torch.stack(out)))
 
 
 def origin(labels: tuple[str, ...], bad: Any) -> tuple[str, str] | None:

@@ -121,3 +121,21 @@ def test_origin_is_found_when_the_reduction_is_split(tmp_path: Path,
     f = _run(tmp_path / "run", Block(SqrtGate()), _tokens)
     assert f["evidence"].get("direction") == "backward", f
     assert f["subject"] == "bad" and f["first_step"] == BAD_FROM, f
+
+
+def test_mixed_dtypes_reduce_per_dtype_in_firing_order() -> None:
+    class Acc:
+        def __init__(self) -> None:
+            self.grad_held: list = []
+            self.grad_held_bytes = 0
+            self.grad_probes: list = []
+
+    acc = Acc()
+    grads = [torch.randn(5), torch.randn(3, dtype=torch.float64), torch.randn(4).bfloat16(),
+             torch.randn(2)]
+    acc.grad_held = [(f"out:{i}", g) for i, g in enumerate(grads)]
+    backward.flush(acc)
+    ((labels, vec),) = acc.grad_probes
+    assert labels == ("out:0", "out:1", "out:2", "out:3") and vec.dtype == torch.float32
+    want = torch.stack([torch.linalg.vector_norm(g.double()).float() for g in grads])
+    torch.testing.assert_close(vec, want, rtol=1e-3, atol=1e-3)

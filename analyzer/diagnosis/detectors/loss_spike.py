@@ -121,7 +121,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
 def _structure(r: int, step: np.ndarray, idx: list[int], pattern: Any) -> Finding:
     return Finding(
         id=ID, severity="info", subject="loss", first_step=int(step[idx[0]]),
-        title=f"The loss rises {pattern.text().split(' (')[0]}: the loop's structure",
+        title=f"The loss rises every {pattern.period} steps: the loop's structure",
         message=(f"The loss is higher at the same point of a fixed cycle, {pattern.text()} "
                  "(more than half the cycles at that phase): a multi-task loop, a "
                  "curriculum, an evaluation or a data source every N steps, not an "
