@@ -10,27 +10,10 @@ analyzer concludes from them must be what is true of them (their README).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from tracealyze.analyzer.diagnosis.summary import build_summary
 
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"  # gpu_transformer, gpu_host_sync
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "gpu-runs"  # and sync_standard
-
-
-class _Runs:
-    """``RUNS / name``: the copy shipped in sample_traces/, else ../shared/gpu-runs; a test
-    of a run that is in neither is skipped."""
-
-    def __truediv__(self, name: str) -> Path:
-        for root in (SAMPLES, SHARED):
-            if (root / name / "run.json").is_file():
-                return root / name
-        pytest.skip(f"{name}: not in sample_traces/ nor ../shared/gpu-runs")
-
-
-RUNS = _Runs()
+from tests.gpuruns import RUNS
 
 
 class _Summaries(dict):

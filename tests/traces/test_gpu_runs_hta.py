@@ -15,23 +15,9 @@ from tracealyze.analyzer.gpu.gputime import gpu_time_breakdown
 from tracealyze.analyzer.gpu.vocabulary import DRIVER, KERNEL_SQL, sql
 from tracealyze.analyzer.ingest.read import read_trace
 
+from tests.gpuruns import RUNS
+
 DRIVER_SQL = sql(DRIVER)
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"  # gpu_transformer, gpu_host_sync
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "gpu-runs"  # and sync_standard
-
-
-class _Runs:
-    """``RUNS / name``: the copy shipped in sample_traces/, else ../shared/gpu-runs; a test
-    of a run that is in neither is skipped."""
-
-    def __truediv__(self, name: str) -> Path:
-        for root in (SAMPLES, SHARED):
-            if (root / name / "run.json").is_file():
-                return root / name
-        pytest.skip(f"{name}: not in sample_traces/ nor ../shared/gpu-runs")
-
-
-RUNS = _Runs()
 
 
 def _trace(name: str) -> Path:
