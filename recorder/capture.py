@@ -173,7 +173,7 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]
     if device.type == "cuda":
         host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
         host.copy_(flat, non_blocking=True)  # the step's one D2H copy, read later
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # the writer polls it (rows.wait_for), never spins on it
         event.record()
         return host, event
     # Other accelerators (MPS, XPU, ...) have no pinned-copy + event path here: this

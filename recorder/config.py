@@ -59,6 +59,13 @@ class RecorderConfig:
     (``torch.cuda.memory._record_memory_history``, Python stacks); 0 = off. On a CUDA OOM
     the allocator's snapshot (with this history, when on) is written under
     ``memory_snapshots/rank=<r>/`` (pytorch.org/memory_viz opens it)."""
+    memory_history_at: float = 0.0
+    """CUDA, with ``memory_history``: start the history only once the allocator has reserved
+    this share of the device's memory (checked on each memory row's counters; 0 = from the
+    start). The history gathers a Python stack at every allocation: measured on an H200,
+    GPT-2 small under the debug preset, 7.7 ms a step (+22%). An OOM's snapshot needs the
+    stacks of what was allocated near the edge (a leak's recent allocations, the failing
+    step's working set), so the debug preset pays for them only there (0.8)."""
     system_interval_s: float = 1.0
     """Background CPU/memory/GPU-utilisation sampler period; 0 = off."""
     profile_every: int = 0
@@ -193,6 +200,9 @@ class RecorderConfig:
         if self.grad_norm_budget > 1:
             raise ValueError(f"grad_norm_budget is a share of the step time (0 to 1), got "
                              f"{self.grad_norm_budget!r}")
+        if not 0 <= self.memory_history_at < 1:
+            raise ValueError("memory_history_at is a share of the device's memory (0 to 1), "
+                             f"got {self.memory_history_at!r}")
         if 0 < self.system_interval_s < 0.05:
             raise ValueError("system_interval_s must be 0 (off) or >= 0.05")
 
@@ -274,6 +284,7 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
         update_ratio_every=25, activation_stats_every=25, activation_nonfinite=True,
         memory_every=1, system_interval_s=1.0, profile_start=20, profile_every=1000,
         flush_interval_s=5.0, anomaly_mode="after_nonfinite", memory_history=100_000,
+        memory_history_at=0.8,
     ),
 }
 
@@ -324,7 +335,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
               "tensor_stats_every", "param_stats_every", "update_ratio_every",
               "stats_chunk_elems"),
     "activations": ("activation_stats_every", "activation_nonfinite"),
-    "sampling": ("memory_every", "memory_history", "system_interval_s", "record_sample_ids"),
+    "sampling": ("memory_every", "memory_history", "memory_history_at", "system_interval_s",
+                 "record_sample_ids"),
     "profiling": ("profile_every", "profile_start", "profile_warmup", "profile_active",
                   "profile_max_windows", "profile_quiet"),
     "writer": ("flush_interval_s", "flush_rows", "queue_size", "max_buffered_bytes",

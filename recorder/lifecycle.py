@@ -356,14 +356,18 @@ class StepLifecycle:
                 self.event("activation_tracing_unavailable", why, severity="info")
         join_pieces(acc)
         host, event = pack(acc)
+        # The step's device pieces are copied (stream-ordered): drop them before the CUDA
+        # counters are read, so the row holds the user's memory, not the recorder's too.
+        acc.tensors, acc.probes, acc.act_stats = [], [], []
         memory = due(self.config.memory_every, acc.step)
+        cuda = self._probe.cuda_at_commit() if memory else None
         item = StepItem(
             step=acc.step, time=acc.ended or time.time(), duration_s=acc.duration_s,
             data_wait_s=acc.data_wait_s if acc.waited else None,
             floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
             scaler=acc.scaler, memory=memory, rss=self._probe.rss() if memory else None,
             heap=self._probe.heap_at_commit() if memory else None,
-            cuda=self._probe.cuda_at_commit() if memory else None,
+            cuda=cuda,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc), sample_ids=acc.sample_ids,
             **_rates(acc, self._tokens(acc), self.flops),

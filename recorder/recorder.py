@@ -5,9 +5,8 @@ training, never loses what it has written. After construction every public metho
 its own failures, counts them, records them as ``recorder_error`` events where possible and
 returns; only bad configuration at construction raises (``ValueError``).
 
-It wires collaborators with one job each, by room (CONTRIBUTING.md's map): ``write/``,
-``tensors/``, ``training/``, ``live/`` and :class:`~.lifecycle.StepLifecycle` (the step, the
-framework hooks, the commit); it forwards its public calls and owns closing."""
+It wires collaborators with one job each (CONTRIBUTING.md's map: ``write/``, ``tensors/``,
+``training/``, ``live/``, :class:`~.lifecycle.StepLifecycle`) and owns closing."""
 
 from __future__ import annotations
 
@@ -124,8 +123,9 @@ class Recorder:
         self._reader.grad_stats = self._grad_rows = (
             self.config.grad_stats_all_ranks or not self._ddp or self.rank == 0)
         self._probe = MemoryProbe(self._device, on_cost=self._info("recorder_cost"))
-        self._oom = OomSnapshots(self.run_dir, self.rank, self._device,
-                                 self.config.memory_history, self._info("memory_snapshot"))
+        self._oom = OomSnapshots(self.run_dir, self.rank, self._device, self.config.memory_history,
+                                 self._info("memory_snapshot"), self.config.memory_history_at,
+                                 self._probe)
         self._writer = Writer(
             self.run_dir, self.rank, flush_interval_s=self.config.flush_interval_s,
             flush_rows=self.config.flush_rows, queue_size=self.config.queue_size,

@@ -13,10 +13,10 @@ Batched, as the forward probes are: a hook only keeps a reference to the gradien
 order autograd fires them; the kept gradients are reduced together (one ``_foreach_norm``
 per dtype, float32 norms left on the device, NaN/Inf propagate, no host sync) when the
 backward pass ends (a callback queued on autograd's engine), or earlier once
-``MAX_HELD`` gradients or ``MAX_HELD_BYTES`` are kept. One norm launch per probed module
+``MAX_HELD`` gradients or :func:`held_limit` bytes are kept. One norm launch per probed module
 cost GPT-2 small +31% on an H200 (launch-bound); this is a few launches per backward. The
 bound is memory: a kept gradient would otherwise be freed as backward moves on, so no more
-than ``MAX_HELD_BYTES`` of them are held at once. The step's norms are joined at commit and
+than :func:`held_limit` bytes of them are held at once. The step's norms are joined at commit and
 read on the writer thread.
 
 The origin, in firing order (backward runs from the loss towards the input): the first
@@ -42,8 +42,33 @@ MODEL_OUTPUT = "<output>"
 MAX_HELD = 256
 """Gradients kept before they are reduced (launches a backward: ~probes / MAX_HELD)."""
 MAX_HELD_BYTES = 64 << 20
-"""Bytes of gradients kept alive past their use before they are reduced: the memory the
-batching may add to the backward's peak."""
+"""Bytes of gradients kept alive past their use before they are reduced, at least: the memory
+the batching may add to the backward's peak (host memory, and any device's floor)."""
+DEVICE_SHARE = 0.02
+"""On a GPU the bound is this share of the device's memory when that is more than
+``MAX_HELD_BYTES``. A fixed 64 MiB flushed GPT-2 small's backward 52 times a step on an H200
+(its activation gradients are 12-50 MB each: two or three a flush, each flush a reduction
+and a stack, +20 ms a step); 2% of the device (2.8 GB there, 1.6 GB on an 80 GB card) takes
+it in one or two. 2% is below the step-to-step spread of a training process's own reserved
+memory (the caching allocator's rounding and fragmentation), and the preset that probes
+backward is the one a user runs to find a NaN, not the one left on at the edge of memory."""
+
+_held_limit: dict[Any, int] = {}
+
+
+def held_limit(device: torch.device) -> int:
+    """Bytes of gradients kept on ``device`` before they are reduced (see DEVICE_SHARE)."""
+    limit = _held_limit.get(device)
+    if limit is None:
+        limit = MAX_HELD_BYTES
+        if device.type == "cuda":
+            try:  # host-side properties, cached by torch: no device work
+                total = torch.cuda.get_device_properties(device).total_memory
+                limit = max(limit, int(total * DEVICE_SHARE))
+            except Exception:
+                pass
+        limit = _held_limit[device] = limit
+    return limit
 
 
 class GradProbes:
@@ -91,7 +116,7 @@ def _probe(acc_of: Callable[[], Any], roles: list[str]) -> Callable[[torch.Tenso
                 _at_backward_end(lambda: flush(acc))
             held.append(("|".join(roles), grad))
             acc.grad_held_bytes += grad.numel() * grad.element_size()
-            if len(held) >= MAX_HELD or acc.grad_held_bytes >= MAX_HELD_BYTES:
+            if len(held) >= MAX_HELD or acc.grad_held_bytes >= held_limit(grad.device):
                 flush(acc)
         except Exception:  # a probe must never break the user's backward
             pass

@@ -29,6 +29,8 @@ from tracealyze.format.parts import SNAPSHOT_DIR, write_bytes_atomic
 
 HISTORY_STACKS = "python"
 """Python frames only: C++ stacks cost far more to gather and symbolise."""
+HISTORY_CONTEXT = "alloc"
+"""Frames gathered at allocations only (frees are still in the history, without frames)."""
 
 
 def is_cuda_oom(exc: BaseException) -> bool:
@@ -46,7 +48,10 @@ class OomSnapshots:
     """Allocation history while recording; the snapshot at a CUDA OOM."""
 
     def __init__(self, run_dir: Path, rank: int, device: torch.device | None,
-                 history_entries: int, info: Callable[[str, dict[str, Any]], None]) -> None:
+                 history_entries: int, info: Callable[[str, dict[str, Any]], None],
+                 start_at: float = 0.0, probe: Any = None) -> None:
+        """``start_at``: the share of the device's memory reserved from which the history
+        starts, read on ``probe``'s counters (sampler.MemoryProbe); 0 starts it now."""
         self.dir = Path(run_dir) / SNAPSHOT_DIR / f"rank={rank}"
         self.cuda = (device is not None and device.type == "cuda"
                      and torch.cuda.is_available())
@@ -54,15 +59,42 @@ class OomSnapshots:
         self._info = info
         self._ours = False  # history turned on by us (so turned off by us at close)
         self.written: list[Path] = []
+        # (entries, reserved bytes from which to start) while the history waits for them
+        self.armed: tuple[int, float] | None = None
         if self.cuda and history_entries > 0:
-            self._start_history(history_entries)
+            total = getattr(probe, "total", None)
+            if start_at > 0 and total:
+                self.armed = (history_entries, start_at * total)
+                probe.on_counters = self.at_counters
+            else:
+                self._start_history(history_entries)
+
+    def at_counters(self, row: dict[str, Any]) -> None:
+        """A memory row's CUDA counters (training thread, at commit): start the armed
+        history once the allocator has reserved its share of the device."""
+        armed = self.armed
+        reserved = row.get("cuda_reserved_bytes")
+        if armed is None or reserved is None or reserved < armed[1]:
+            return
+        self.armed = None
+        self._start_history(armed[0])
+        if self._ours:
+            gib = 1 << 30
+            self._info(f"CUDA allocation history on from here: the allocator reserved "
+                       f"{reserved / gib:.1f} GiB (the threshold: {armed[1] / gib:.1f} GiB); "
+                       "an OOM's snapshot will hold the stacks of allocations from now",
+                       {"reserved_bytes": int(reserved)})
 
     def _start_history(self, entries: int) -> None:
         memory = torch.cuda.memory
         enabled = getattr(torch._C, "_cuda_isHistoryEnabled", None)
         if enabled is not None and enabled():
             return  # the user's own recording: leave it as they set it
-        memory._record_memory_history(max_entries=int(entries), stacks=HISTORY_STACKS)
+        # context="alloc": a stack is gathered at each allocation, not at frees too: the
+        # snapshot's live blocks and the history's allocations keep their frames (what the
+        # analyzer reads), at about half the per-allocation cost of "all".
+        memory._record_memory_history(max_entries=int(entries), context=HISTORY_CONTEXT,
+                                      stacks=HISTORY_STACKS)
         self._ours = True
 
     def remove(self) -> None:

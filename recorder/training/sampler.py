@@ -66,9 +66,17 @@ class MemoryProbe:
                 self.total = None
             self.counters = CudaCounters(device, on_cost)
 
+    on_counters: Callable[[dict[str, Any]], None] | None = None
+    """Called with each row's CUDA counters on the training thread (oom.py arms history)."""
+
     def cuda_at_commit(self) -> dict[str, Any] | None:
         """The CUDA allocator's counters now, on the training thread (None without CUDA)."""
-        return self.counters.read() if self.counters is not None else None
+        if self.counters is None:
+            return None
+        row = self.counters.read()
+        if self.on_counters is not None:
+            self.on_counters(row)
+        return row
 
     _mallinfo = _mallinfo2()
     # mallinfo2 walks every arena's free lists under their locks: ~4 µs in a small process,

@@ -21,6 +21,7 @@ from ..capture import StepItem
 from ..tensors.backward import origin
 from ..training.throughput import throughput_columns
 from .buffers import Codes
+from .devwait import wait_for
 from .schema import STAT_COLUMNS
 
 if TYPE_CHECKING:
@@ -64,8 +65,7 @@ def write_steps(w: Writer, items: Sequence[StepItem], ctx: StepRows) -> None:
     """Append the rows of ``items`` (consecutive committed steps) to the writer's tables."""
     for it in items:
         if it.event is not None:
-            # Waits for the GPU on the writer thread; the training thread has moved on.
-            it.event.synchronize()
+            wait_for(it.event)
     keys = [tuple((p.label, p.n, p.names, p.metric) for p in it.pieces) for it in items]
     start = 0
     for k in range(1, len(items) + 1):

@@ -235,3 +235,29 @@ def test_real_oom_messages_users_posted() -> None:
         cause = cause_of(got.get("request_bytes"), got.get("total_bytes"),
                          got.get("reserved_unallocated_bytes"), None, None, checked=False)
         assert {"unknown": "other"}.get(cause, cause) == case["cause"], case["source"]
+
+
+PERSTEP = REPO / "sample_traces" / "gpu_oom_leak_perstep"
+
+
+def test_the_rerecorded_leak_holds_each_steps_memory_and_is_dated_by_it() -> None:
+    """The same leak recorded again on an H200 with the counters read at each step's end
+    (2026-11-27): every row holds its own step, so the rows date the leak themselves."""
+    import pyarrow.dataset as pads
+
+    mem = sorted(pads.dataset(PERSTEP / "memory", partitioning="hive").to_table().to_pylist(),
+                 key=lambda r: r["step"])
+    assert [r["step"] for r in mem] == list(range(46))
+    # allocated = the model's own + 3 GiB kept per step, exactly, in all 46 rows
+    assert len({r["cuda_allocated_bytes"] - 3 * GIB * r["step"] for r in mem}) == 1
+    assert all(r["cuda_ooms"] == 0 for r in mem)  # the OOM came after the last row
+    s = build_summary(PERSTEP, [])
+    f = next(x for x in s["findings"] if x["id"] == "cuda_oom")
+    ev = f["evidence"]
+    assert ev["cause"] == "leak" and ev["counters_per_step"] is True and ev["step"] == 46
+    assert ev["growth"]["source"] == "memory rows" and ev["growth"]["onset_step"] == 0
+    assert abs(ev["growth"]["per_step"] - 3 * GIB) < 1e6
+    crashed = next(x for x in s["findings"] if x["id"] == "training_crashed")
+    assert crashed["severity"] == "critical"
+    leak = next(x for x in s["findings"] if x["id"] == "memory_leak")
+    assert leak["subject"] == "cuda_allocated_bytes" and "is full by" in leak["message"]

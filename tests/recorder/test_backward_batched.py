@@ -139,3 +139,43 @@ def test_mixed_dtypes_reduce_per_dtype_in_firing_order() -> None:
     assert labels == ("out:0", "out:1", "out:2", "out:3") and vec.dtype == torch.float32
     want = torch.stack([torch.linalg.vector_norm(g.double()).float() for g in grads])
     torch.testing.assert_close(vec, want, rtol=1e-3, atol=1e-3)
+
+
+def test_the_bytes_bound_is_a_share_of_a_gpu_and_a_floor_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    class Props:
+        total_memory = 140 * 10**9
+
+    monkeypatch.setattr(backward, "_held_limit", {})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: Props())
+    # an H200: 2% of it, so GPT-2's 12-50 MB activation gradients take a flush or two
+    assert backward.held_limit(torch.device("cuda", 0)) == int(140e9 * backward.DEVICE_SHARE)
+    assert backward.held_limit(torch.device("cpu")) == backward.MAX_HELD_BYTES
+    Props.total_memory = 1 << 30  # a small card: never below the floor
+    monkeypatch.setattr(backward, "_held_limit", {})
+    assert backward.held_limit(torch.device("cuda", 0)) == backward.MAX_HELD_BYTES
+
+
+def test_the_bytes_bound_splits_the_reduction(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Deep(depth=6)
+    x = torch.randn(8, 16)
+    one = 8 * 16 * 4  # bytes of one layer output's gradient
+    monkeypatch.setattr(backward, "_held_limit", {torch.device("cpu"): 5 * one})
+
+    class Acc:
+        def __init__(self) -> None:
+            self.grad_held: list = []
+            self.grad_held_bytes = 0
+            self.grad_probes: list = []
+
+    acc = Acc()
+    probes = backward.GradProbes(lambda: acc)
+    handles = [m.register_forward_hook(lambda m, i, o: probes.module_called("m", o, None))
+               for m in model.layers]
+    out = model(x)
+    probes.forward_ended()
+    out.sum().backward()
+    for h in handles:
+        h.remove()
+    sizes = [len(b[0]) for b in acc.grad_probes]
+    assert sum(sizes) == len(model.layers) and max(sizes) <= 5 and len(sizes) >= 2, sizes

@@ -169,3 +169,82 @@ def test_memory_history_is_a_validated_knob() -> None:
     assert RecorderConfig.from_preset("standard").memory_history == 0
     with pytest.raises(ValueError):
         RecorderConfig.from_preset("standard", memory_history=-1)
+
+
+def test_allocation_history_gathers_stacks_at_allocations_only(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tracealyze.recorder.training import oom
+
+    calls: list[dict] = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda **kw: calls.append(kw))
+    user_on = [False]
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: user_on[0], raising=False)
+    snaps = oom.OomSnapshots(tmp_path, 0, None, 0, lambda *a: None)
+    snaps._start_history(1000)
+    # frames at allocations (what the snapshot's live blocks and the leak's dating read),
+    # not at frees: half the per-allocation cost of context="all"
+    assert calls == [{"max_entries": 1000, "context": "alloc", "stacks": "python"}]
+    snaps.remove()
+    assert calls[-1] == {"enabled": None}  # ours, so turned off at close
+    calls.clear()
+    user_on[0] = True  # the user's own recording is left as they set it
+    snaps = oom.OomSnapshots(tmp_path, 0, None, 0, lambda *a: None)
+    snaps._start_history(1000)
+    snaps.remove()
+    assert calls == []
+
+
+def test_armed_history_starts_once_the_device_is_near_full(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tracealyze.recorder.training import oom, sampler
+
+    calls: list[dict] = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda **kw: calls.append(kw))
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    probe = sampler.MemoryProbe(None)
+    probe.total = 100 << 30
+    said: list[tuple[str, dict]] = []
+    snaps = oom.OomSnapshots(tmp_path, 0, torch.device("cuda", 0), 5000,
+                             lambda m, d: said.append((m, d)), 0.8, probe)
+    assert calls == [] and probe.on_counters == snaps.at_counters  # armed, not started
+    gib = 1 << 30
+    for reserved in (10 * gib, 60 * gib, 79 * gib):  # below 80% of the device: nothing
+        probe.on_counters({"cuda_reserved_bytes": reserved})
+    assert calls == [] and said == []
+    probe.on_counters({"cuda_reserved_bytes": None})  # a row without counters: nothing
+    probe.on_counters({"cuda_reserved_bytes": 81 * gib})
+    assert calls == [{"max_entries": 5000, "context": "alloc", "stacks": "python"}]
+    assert said and said[0][1] == {"reserved_bytes": 81 * gib} and "81.0 GiB" in said[0][0]
+    probe.on_counters({"cuda_reserved_bytes": 90 * gib})  # once
+    assert len(calls) == 1 and len(said) == 1
+    snaps.remove()
+    assert calls[-1] == {"enabled": None}
+
+
+def test_history_from_the_start_when_no_threshold(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tracealyze.recorder.training import oom, sampler
+
+    calls: list[dict] = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda **kw: calls.append(kw))
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    probe = sampler.MemoryProbe(None)
+    probe.total = 100 << 30
+    snaps = oom.OomSnapshots(tmp_path, 0, torch.device("cuda", 0), 5000,
+                             lambda m, d: None, 0.0, probe)
+    assert len(calls) == 1 and snaps.armed is None and probe.on_counters is None
+
+
+def test_memory_history_at_is_validated_and_debug_arms_at_80_percent() -> None:
+    from tracealyze.recorder.config import RecorderConfig
+
+    assert RecorderConfig.from_preset("debug").memory_history_at == 0.8
+    assert RecorderConfig.from_preset("standard").memory_history_at == 0.0
+    for bad in (-0.1, 1.0, 2):
+        with pytest.raises(ValueError, match="memory_history_at"):
+            RecorderConfig.from_preset("debug", memory_history_at=bad)

@@ -55,9 +55,12 @@ def test_standard_preset_makes_no_host_device_sync(tmp_path: Path) -> None:
     for r in mem:
         assert r["cuda_allocated_bytes"] > 0 and r["cuda_reserved_bytes"] >= r[
             "cuda_allocated_bytes"]
-        assert r["cuda_peak_bytes"] >= r["cuda_allocated_bytes"]
+        # the peak since the previous row: exact where known, else null (never a guess)
+        assert r["cuda_peak_bytes"] is None or r["cuda_peak_bytes"] >= r[
+            "cuda_allocated_bytes"]
         assert r["cuda_total_bytes"] > r["cuda_reserved_bytes"]
         assert r["cuda_alloc_retries"] is not None and r["cuda_ooms"] == 0
+    assert min(mem, key=lambda r: r["step"])["cuda_peak_bytes"] is not None  # since start
     assert not [e for e in rows(run_dir, "events") if e["kind"] == "recorder_error"]
 
 
@@ -70,3 +73,25 @@ def test_cuda_statistics_match_cpu() -> None:
     np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=1e-5, equal_nan=True)
     np.testing.assert_allclose(norms([t.cuda() for t in ts]).cpu().numpy(),
                                norms(ts).numpy(), rtol=1e-5, equal_nan=True)
+
+
+def test_memory_rows_hold_the_users_memory_at_the_step_end(tmp_path: Path) -> None:
+    """Each row's allocated bytes equal torch.cuda.memory_allocated() right after rec.step():
+    the recorder's own pieces of the step (loss copy, norms) are not counted in it."""
+    dev = torch.device("cuda")
+    model = tiny_model().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    kept, truth = [], {}
+    with Recorder(tmp_path / "run", model=model, optimizer=opt, preset="standard",
+                  profile_start=10**6) as rec:
+        for i in range(12):
+            x = torch.randn(64, 4, device=dev)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            kept.append(torch.empty((1 << 18) * (i % 3 + 1), device=dev))  # the user's growth
+            rec.step(loss=loss)
+            truth[i] = torch.cuda.memory_allocated()
+    got = {r["step"]: r["cuda_allocated_bytes"] for r in rows(tmp_path / "run", "memory")}
+    assert got == truth

@@ -235,7 +235,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             ev["projected_steps_to_oom"] = int(max(0.0, left))
             ev["projected_oom_step"] = int(res["last_step"] + max(0.0, left))
             oom = (f" At this rate the GPU ({fmt_bytes(res['total'])}) runs out in "
-                   f"about {int(max(0.0, left)):,} steps (step {ev['projected_oom_step']:,}).")
+                   f"about {int(left):,} steps (step {ev['projected_oom_step']:,})."
+                   if left >= 1 else
+                   f" At this rate the GPU ({fmt_bytes(res['total'])}) is full by the run's "
+                   f"last recorded step ({res['last_step']:,}).")
             if left <= res["steps"]:
                 severity = "critical"
         host_found = host_found or counter in HOST
