@@ -95,6 +95,23 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
     return int(step[i + int(up[0])]) if len(up) else None
 
 
+def into_warmup(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> int:
+    """A leak dated at the first step the statistics look at may have begun in the warm-up
+    they skip (allocator and caches settling are excluded from the test, not from the
+    leak's history): walk back from ``first`` while every step still rose by more than half
+    the leak's rate, as the leak's own steps do. A warm-up that settled (flat steps before
+    the leak) stops the walk at once."""
+    i = int(np.searchsorted(step, first))
+    if i >= len(step) or step[i] != first:
+        return first
+    while i > 0:
+        gap = max(float(step[i] - step[i - 1]), 1.0)
+        if (float(val[i]) - float(val[i - 1])) / gap <= slope / 2:
+            break
+        i -= 1
+    return int(step[i])
+
+
 def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
              min_growth: float | None = None, min_frac: float | None = None,
              precise: bool = False) -> dict[str, Any] | None:
@@ -139,6 +156,17 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
     if steady is not None and (precise or abs(steady - first) <= max(3 * width,
                                                                         0.1 * (s[-1] - s[0]))):
         first = steady
+    # the leak's rate is its rate since it began: a flat stretch before a mid-run onset
+    # would average it down (a 320 KiB-a-step leak from step 150 of 300 read as 200)
+    since = x >= first
+    if since.sum() >= 4 and first > x[0]:
+        slope = max(slope, float(_stats.theil_sen(x[since], y[since])[0]))
+    if first <= int(s[0]) + 1:  # the leak runs from where the statistics begin
+        back = into_warmup(step, val, first, slope)
+        if back < first:  # its level and growth from there, as the message quotes them
+            first, start = back, float(val[int(np.searchsorted(step, back))])
+    # the growth quoted is the message's own "from start to end"
+    growth = max(float(y[-1]) - start, 0.0)
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
             "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
 
