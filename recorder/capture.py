@@ -53,6 +53,7 @@ class StepAccum:
     norms_read: bool = False  # per-parameter norms taken from clip_grad_norm_ (pre-clip)
     stats_read: bool = False  # ... and, on a full-statistics step, the gradient statistics
     snapshotted: bool = False  # the weights were copied for the update ratio (once a step)
+    guarded: bool = False  # zero_nonfinite_grads ran before this step's update (once a step)
     # perf_counter() when the batch arrived and when the last watched gradient landed
     # (distributed runs: the rank's own compute before it waits for the all-reduce)
     data_ready: float | None = None

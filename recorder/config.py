@@ -88,6 +88,12 @@ class RecorderConfig:
     (the debug preset's): off until the first nonfinite loss or gradient, then on for
     ``anomaly_steps`` steps, the failing op and its forward stack kept as an ``anomaly``
     event."""
+    zero_nonfinite_grads: bool = False
+    """Right before each optimizer update, zero all of the step's gradients on the device when
+    any holds a NaN/Inf (no host sync: the flag stays on the device), so the weights stay
+    finite and anomaly mode catches the next occurrence in the op that made it, not a
+    bystander downstream of NaN weights. One fused norm and one masked fill per gradient a
+    step. Not for sharded (FSDP2) gradients."""
     anomaly_steps: int = 20
     """Steps the ``after_nonfinite`` window stays open (it opens again if NaNs come back)."""
     anomaly_action: str = "record"
@@ -284,7 +290,7 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
         update_ratio_every=25, activation_stats_every=25, activation_nonfinite=True,
         memory_every=1, system_interval_s=1.0, profile_start=20, profile_every=1000,
         flush_interval_s=5.0, anomaly_mode="after_nonfinite", memory_history=100_000,
-        memory_history_at=0.8,
+        memory_history_at=0.8, zero_nonfinite_grads=True,
     ),
 }
 
@@ -328,7 +334,8 @@ def unwrap_optimizer(optimizer: Any) -> Any:
 
 
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "general": ("enabled", "anomaly_mode", "anomaly_steps", "anomaly_action",
+    "general": ("enabled", "anomaly_mode", "zero_nonfinite_grads", "anomaly_steps",
+                "anomaly_action",
                 "handle_sigterm", "tune_malloc", "report_to",
                 "peak_flops"),
     "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",

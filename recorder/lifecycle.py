@@ -298,6 +298,7 @@ class StepLifecycle:
         self._train_thread = threading.get_ident()  # the optimizer steps where training runs
         self._gradients_ready()
         target = self._hook_target()
+        self._reader.guard_update(target)  # (zero_nonfinite_grads: after the norms were read)
         # Once a step: a framework may call gradients_ready() again after the update (the
         # transformers callback does), when a copy would be of the updated weights.
         if self.config.update_ratio_every and not target.snapshotted:

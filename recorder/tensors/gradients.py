@@ -17,6 +17,7 @@ from ..config import RecorderConfig
 from . import stats
 from .budget import NormBudget
 from .stats import FullStats, NormPlan, norms
+from .update_guard import zero_if_nonfinite
 
 
 def is_dtensor(t: Any) -> bool:
@@ -195,6 +196,15 @@ class GradReader:
             ps = local_shards([p.detach() for p in self.params])
             acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self.named),
                           tuple(p.numel() for p in ps)), self.full(ps))
+
+    def guard_update(self, acc: StepAccum) -> None:
+        """Before the optimizer update, once a step: ``zero_nonfinite_grads``
+        (:mod:`.update_guard`), after the step's norms were read."""
+        if not self.config.zero_nonfinite_grads or acc.guarded or self.sharded:
+            return
+        acc.guarded = True
+        grads, _ = self._grads()
+        zero_if_nonfinite(grads)
 
     def _charge(self, seconds: float) -> None:
         stride = self.budget.read_cost(seconds)

@@ -196,7 +196,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     ids = _data.sample_ids(ctx, [first])
     if ids:  # the batch the NaN came with (a bad sample, or just the step it surfaced at)
         ev = {**ev, "sample_ids": {str(k): v for k, v in ids.items()}}
-    caught = _anomaly(ctx)
+    caught = _anomaly(ctx, first)
     if caught:
         ev = {**ev, "anomaly": caught}
     return [Finding(
@@ -210,9 +210,14 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         advice=DOC["fixes"], evidence=ev, chart=anchors.GRAD_HEATMAP)]
 
 
-def _anomaly(ctx: Context) -> dict[str, Any] | None:
+def _anomaly(ctx: Context, first: int) -> dict[str, Any] | None:
     """The first backward that autograd's anomaly detection caught (an ``anomaly`` event
-    of anomaly_mode): the op, the user's line, at which step; None if none."""
+    of anomaly_mode): the op, the user's line, at which step; None if none.
+
+    ``downstream``: the loss was nonfinite on every recorded step after the first NaN
+    (``first``) up to the one caught: the forward itself was NaN throughout, i.e. the
+    weights already were when the window opened (a NaN gradient applied), so the op
+    caught only meets the NaN, it does not make it."""
     row = ctx.rows(
         "SELECT step, subject, json_extract_string(details, '$.op'), "
         "json_extract_string(details, '$.user_frame'), "
@@ -221,8 +226,18 @@ def _anomaly(ctx: Context) -> dict[str, Any] | None:
     if not row:
         return None
     step, subject, op, frame, stack_of = row[0]
-    return {"step": None if step is None else int(step), "op": op or subject,
-            "user_frame": frame, "stack_of": stack_of}
+    out: dict[str, Any] = {"step": None if step is None else int(step), "op": op or subject,
+                           "user_frame": frame, "stack_of": stack_of}
+    if step is not None and int(step) > first:
+        n, finite = ctx.rows("SELECT count(*), count(*) FILTER (WHERE isfinite(loss)) "
+                             "FROM steps WHERE step > ? AND step <= ? AND loss IS NOT NULL",
+                             [first, int(step)])[0]
+        if n and not finite:
+            knobs = ctx.run.meta.get("knobs")
+            out["downstream"] = True
+            out["since"] = first
+            out["guarded"] = bool(isinstance(knobs, dict) and knobs.get("zero_nonfinite_grads"))
+    return out
 
 
 def _anomaly_text(a: dict[str, Any]) -> str:
@@ -231,6 +246,14 @@ def _anomaly_text(a: dict[str, Any]) -> str:
     if a["user_frame"]:
         made = "made by the forward call at" if a["stack_of"] == "forward" else "backward from"
         text += f", {made} {a['user_frame']}"
+    if a.get("downstream"):
+        text += (f", but the loss had been nonfinite on every step since step {a['since']}: "
+                 "the weights were already nonfinite when the window opened, so that op is "
+                 "downstream of the NaN, not its origin")
+        if not a.get("guarded"):
+            text += (" (record with zero_nonfinite_grads=True, on in the debug preset: a "
+                     "step's nonfinite gradients are then never applied, the weights stay "
+                     "finite, and the op that makes the next NaN is the one caught)")
     return text + "."
 
 
