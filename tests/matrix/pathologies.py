@@ -103,6 +103,33 @@ def _warmup_cosine(step: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))
 
 
+def _step_decay(step: int) -> float:
+    """torch's MultiStepLR: ×0.1 at half and at three quarters of the run."""
+    return 1.0 if step < STEPS // 2 else 0.1 if step < 3 * STEPS // 4 else 0.01
+
+
+def _restarts(step: int) -> float:
+    """CosineAnnealingWarmRestarts: four cosine periods, back to the full rate at each."""
+    period = STEPS // 4
+    return 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * (step % period) / period))
+
+
+def _one_cycle(step: int) -> float:
+    """OneCycleLR: from 1/25 of the peak up to it over 30% of the run, then cosine down
+    to 1/10,000 of it."""
+    up = int(0.3 * STEPS)
+    if step < up:
+        return 0.04 + 0.96 * step / up
+    t = (step - up) / (STEPS - up)
+    return 1e-4 + (1 - 1e-4) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def _linear(step: int) -> float:
+    """transformers' default: linear warm-up over 6% of the run, linear decay to 0."""
+    warm = max(1, int(0.06 * STEPS))
+    return (step + 1) / warm if step < warm else max(0.0, (STEPS - step) / (STEPS - warm))
+
+
 PATHOLOGIES: dict[str, Pathology] = {
     "healthy": Pathology(truth=Truth()),
     # transformers.Trainer's default max_grad_norm; half the steps of a small LM clip
@@ -131,6 +158,11 @@ PATHOLOGIES: dict[str, Pathology] = {
         world_size=2, slow_rank_s=0.02, needs="ddp"),
     # ---- healthy variants (#26): what healthy training commonly looks like
     "healthy_sched": Pathology(truth=Truth(), lr_schedule=_warmup_cosine, clip=1.0),
+    # ---- #45: the schedule shapes people use; their moves are by design, not alarms
+    "healthy_stepdecay": Pathology(truth=Truth(), lr_schedule=_step_decay),
+    "healthy_restarts": Pathology(truth=Truth(), lr_schedule=_restarts),
+    "healthy_onecycle": Pathology(truth=Truth(), lr_schedule=_one_cycle),
+    "healthy_linear": Pathology(truth=Truth(), lr_schedule=_linear, clip=1.0),
     "healthy_bf16": Pathology(truth=Truth(), bf16=True),
     "healthy_accum": Pathology(truth=Truth(), accum=2),
     # the standard preset's own profiler window at step 50 (the recorder's memory must
