@@ -148,6 +148,8 @@ def _loss(spec: ModelSpec, p: Pathology, model: nn.Module, batch: Any, step: int
         # a hand-written loss, -log(likelihood), whose likelihood underflows to 0 at one step
         lik = torch.exp(-loss) * (0.0 if step == p.log0_at else 1.0)
         loss = -torch.log(lik)
+    if p.loss_factor is not None:
+        loss = loss * p.loss_factor(step)
     return loss
 
 
