@@ -35,15 +35,18 @@ class Rule:
 
 # The instability chain: a learning-rate jump (named in the cause's evidence) makes the
 # gradients explode, the loss diverge, spike and turn NaN; after that it plateaus.
+# A batch that threw the run (a loss spike that stands out, evidence.batch) starts it: the
+# explosion, divergence, NaN or plateau that begins with it is its consequence.
 RULES: tuple[Rule, ...] = (
-    Rule("loss_divergence", ("gradient_explosion",), slack=5),
-    Rule("nonfinite", ("gradient_explosion", "loss_divergence")),
+    Rule("gradient_explosion", ("loss_spike",)),
+    Rule("loss_divergence", ("gradient_explosion", "loss_spike"), slack=5),
+    Rule("nonfinite", ("gradient_explosion", "loss_divergence", "loss_spike")),
     Rule("loss_spike", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
     # parameters that cannot learn (a graph cut, a block frozen by mistake, a head the
     # optimizer does not hold) explain a loss that does not fall
     Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite",
                           "optimizer_coverage", "no_gradient", "unused_module",
-                          "dead_activation"), slack=5),
+                          "dead_activation", "loss_spike"), slack=5),
     Rule("update_ratio", ("gradient_explosion", "loss_divergence", "nonfinite",
                           "dead_activation"), slack=5),
     # dead units pass no gradient: the layers behind them (upstream) get none either
@@ -68,6 +71,14 @@ def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
             return False
         if cause.first_step > symptom.first_step + rule.slack:
             return False
+    if cause.id == "loss_spike":
+        # only a batch that threw the run, and only what began with it (not before)
+        return bool(cause.evidence.get("batch")) and symptom.first_step is not None and \
+            symptom.first_step >= cause.first_step - rule.slack
+    if symptom.id == "loss_spike" and symptom.evidence.get("batch") and \
+            cause.first_step is not None and symptom.first_step is not None and \
+            cause.first_step >= symptom.first_step - 2:
+        return False  # it began with the batch: the batch is the cause, not the symptom
     if symptom.id == "nonfinite":
         # only a growth or divergence that itself ended in NaN/Inf explains the NaN (a rise
         # long before a NaN made elsewhere does not)

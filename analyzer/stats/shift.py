@@ -103,6 +103,14 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         return None
     _, i, dl, dg = best
     i = _exact(lg, i, w)
+    # at the new level from its first step, the loss and the gradient norm alike: a step
+    # that overshoots the level that follows by more than the shift itself and far beyond
+    # one point's noise (the gradient x1000 where it then holds x8) is a batch that threw
+    # the run, and what follows is the model knocked back, not a rescale
+    for series, d, se in ((lg, dl, se_l), (gg, dg, se_g)):
+        over = series[i] - _med(series[i - w:i]) - d
+        if over > max(abs(d), 4 * se * np.sqrt(w / 2) / 1.25):
+            return None
     return Shift(int(idx[i]), int(step[idx[i]]), float(np.exp(dl)), float(np.exp(dg)))
 
 

@@ -99,8 +99,10 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # raw one (a noisy norm growing 5% a step has only ~60% rising raw steps)
         seg = xs[j:i + 1]
         up = float(np.mean(np.diff(seg) > 0)) if len(seg) > 1 else 0.0
+        end = min(len(x), i + int(th.sustain) + 1)
         if up < th.min_up_frac and not (
-                len(seg) >= 8 and _stats.mann_kendall(x[j:i + 1])[1] < 0.001):
+                len(seg) >= 8 and _stats.mann_kendall(x[j:i + 1])[1] < 0.001) and \
+                single_jump(x, j, i, need, w, end) == j:  # (or one step out of the noise)
             continue
         rest = xs[i:i + int(th.sustain)]
         # NaN/Inf right after the growth ends it; NaN long after (a bad batch 150 steps
@@ -120,6 +122,11 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # the change point: where a flat baseline turns into the sustained rise (a noisy
         # baseline's low point is not where growth starts)
         j = hinge(xs, max(0, j - w), i, j)
+        # a prefix too short to be a baseline (under min_points) that only went up is the
+        # growth's own start, not a calm level it left: no calm prefix, dated from step 0
+        if 0 < j < int(th.min_points) and bool(np.all(np.diff(x[:j + 1]) > 0)):
+            j = 0
+        jump = single_jump(x, j, i, need, w, end)
         # early training: norms rise on their own and settle (an embedding's or a bias's
         # gradient grows from its small initial level as the model learns). A rise from
         # the warm-up counts only when it does not settle: it runs into NaN/Inf or is still
@@ -143,6 +150,8 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
                     all_step[k] - all_step[k - 1]):
                 k -= 1
             onset, start_x = int(all_step[k]), float(all_x[k])
+        if jump > j:  # dated to the jump, from the level before it; crossed there at once
+            onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
         # back down to (near) the baseline for the rest of the run: the rise ended
         down = xs[i:] <= baseline + need / 2
         after = np.flatnonzero(~down)
@@ -155,8 +164,32 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
                 "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
                 else None, "from": float(math.exp(start_x)),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
-                "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline))}
+                # the sustained peak (smoothed: one step's spike, a bad batch's, is not
+                # the size of a growth that ended long before it)
+                "max": float(math.exp(np.max(xs))), "baseline": float(math.exp(baseline))}
     return None
+
+
+def single_jump(x: np.ndarray, j: int, i: int, need: float, w: int, end: int) -> int:
+    """The onset of a rise found at x[j..i] (sustained to ``end``) when one step makes it: a
+    batch that threw the run is dated to its own step, not to the smoothed series' bend or
+    a noise blip a few steps before it.
+
+    The step that takes the series out of its baseline for good (every point from it to
+    ``end`` above the range of the ``w`` points before the onset, and at least half the
+    factor above their median, the height the sustain test asks) must itself rise by the
+    factor, from a point still inside that range. A growth, however fast (3.5, 5.5, 12,
+    273, 5e3 from step 0), has left the range of its first points before its largest step,
+    and keeps its onset; a noisy bias gradient (0.002 to 0.3 from step to step) stays
+    inside its range until the jump."""
+    base = x[max(0, j - w):j + 1]
+    top = float(np.max(base))
+    above = x[j:end] > max(float(np.median(base)) + need / 2, top)
+    below = np.flatnonzero(~above)
+    e = j + (int(below[-1]) + 1 if len(below) else 0)
+    if j < e < end and x[e] - x[e - 1] >= need and x[e - 1] <= top:
+        return e
+    return j
 
 
 def hinge(x: np.ndarray, a: int, b: int, default: int) -> int:

@@ -82,24 +82,87 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
     return np.flatnonzero(hit), base, resid, sigma
 
 
+DOMINANT = 10.0
+"""An event (a spike, or a run of consecutive ones) whose excess over the local level,
+relative to that level, is at least this many times every other event's is a batch of its
+own (a corrupt sample), not one of a family: spikes that the loop or the learning rate makes
+are within an order of magnitude of each other, relative to the loss they sit on."""
+
+
+def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, base: np.ndarray,
+                idx: np.ndarray, th: Thresholds) -> tuple[int | None, np.ndarray]:
+    """(the index of the batch that threw the run, or None; the spike indices with it).
+
+    The batch is the first step of the event that dominates every other (DOMINANT), or of
+    the only one. A jump that never comes back because the loss went nonfinite within
+    ``recover_steps`` (a batch that threw the run into NaN) is an event too, though not a
+    spike. A batch right after a learning-rate jump or during a rising ramp is the learning
+    rate's doing, not the data's."""
+    t = _into_nonfinite(ctx, r, step, loss, th)
+    if t is not None:  # the spikes on its way up are the same event
+        idx = np.append(idx[idx < t], t)
+    events: list[tuple[int, float]] = []  # (first index, excess relative to the level)
+    h = max(1, int(th.window) // 2)
+    for run in np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1) if len(idx) else []:
+        level = np.array([np.median(loss[max(0, i - h):i]) if i else loss[i] for i in run])
+        events.append((int(run[0]), float(np.max((loss[run] - level)
+                                                 / np.maximum(np.abs(level), 1e-12)))))
+    if not events:
+        return None, idx
+    events.sort(key=lambda e: -e[1])
+    if len(events) > 1 and events[0][1] < DOMINANT * events[1][1]:
+        return None, idx
+    b = events[0][0]
+    if _changes.within(ctx, int(step[b]) - 10, int(step[b])) is not None:
+        return None, idx
+    return b, idx
+
+
+def _into_nonfinite(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray,
+                    th: Thresholds) -> int | None:
+    """The index of a jump after which the loss stayed up (above half the jump) and went
+    nonfinite within recover_steps: a spike that had no time to come back. Its size is not
+    seen come back, so it must clear the spike's relative floor DOMINANT times over."""
+    d = _data.steps(ctx)[r]
+    bad = d["step"][~np.isfinite(d["loss"])]
+    if not len(bad) or len(loss) < 3:
+        return None
+    last = int(np.searchsorted(step, int(bad[0])))  # finite points before the first NaN/Inf
+    h = max(1, int(th.window) // 2)
+    for t in range(max(1, last - max(1, int(th.recover_steps))), last):
+        prev = float(np.median(loss[max(0, t - h):t]))
+        jump = float(loss[t]) - prev
+        if jump > float(th.min_rel_jump) * abs(prev) * DOMINANT and \
+                bool(np.all(loss[t:last] >= prev + jump / 2)):
+            return t
+    return None
+
+
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     series = _data.finite_loss(ctx, int(th.min_steps))
     if series is None:
         return []
     r, step, loss = series
     idx, base, resid, sigma = find_spikes(step, loss, th)
-    if not len(idx):
-        return []
     # a rise that keeps an appointment (more than half the cycles at one phase) is design
     pattern = phase_pattern(step, resid / max(sigma, 1e-12), float(th.z))
-    if pattern is not None:
+    if pattern is not None and len(idx):
         by_design = [i for i in idx if pattern.explains(int(step[i]))]
         idx = np.asarray([i for i in idx if not pattern.explains(int(step[i]))], dtype=int)
         if not len(idx):
             return [_structure(r, step, by_design, pattern)]
+    # one event far beyond all the others (a batch that threw the run) is a different
+    # thing from a family of small spikes: the finding is dated at it, and it can be the
+    # cause of what follows (causality.py)
+    b, idx = batch_event(ctx, r, step, loss, base, idx, th)
+    if not len(idx):
+        return []
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
-    first = idx[0]
+    first = idx[0] if b is None else b
     spikes = [int(s) for s in step[idx][:20]]
+    batch = None if b is None else {
+        "step": int(step[b]), "loss": float(loss[b]),
+        "level": float(np.median(loss[max(0, b - int(th.window) // 2):b])) if b else None}
     sev = "error" if len(idx) >= th.error_count else "warning"
     # a learning rate rising into the spikes (a ramp, an endless warm-up) is their cause
     ramp = _changes.lr_ramp(ctx, int(step[first]) - 10, int(step[first]))
@@ -107,14 +170,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     return [Finding(
         id=ID, severity=sev, subject="loss", first_step=int(step[first]),
         title=f"{len(idx)} loss spike{'s' if len(idx) > 1 else ''}",
-        message=_message(step, loss, base, resid, sigma, first, worst, len(idx))
+        message=(_batch_message(step, idx, batch) if batch is not None else
+                 _message(step, loss, base, resid, sigma, first, worst, len(idx)))
         + (f" They come as {ramp['text']}." if ramp is not None
            else _changes.early_lr_note(ctx, int(step[first]))),
         advice=DOC["fixes"], chart=anchors.LOSS,
         evidence={"count": len(idx), "spike_steps": spikes, "rank": r,
                   "first_loss": float(loss[first]), "first_local_median": float(base[first]),
                   "worst_step": int(step[worst]), "worst_loss": float(loss[worst]),
-                  "robust_sigma": sigma,
+                  "robust_sigma": sigma, "batch": batch,
                   **({"sample_ids": {str(k): v for k, v in ids.items()}} if ids else {})})]
 
 
@@ -132,6 +196,16 @@ def _structure(r: int, step: np.ndarray, idx: list[int], pattern: Any) -> Findin
         evidence={"period": pattern.period, "phases": list(pattern.phases),
                   "cycles": pattern.cycles, "count": len(idx), "rank": r,
                   "spike_steps": [int(s) for s in step[idx][:20]]})
+
+
+def _batch_message(step: np.ndarray, idx: np.ndarray, batch: dict[str, Any]) -> str:
+    lvl = batch["level"]
+    size = (f"from its level {lvl:.4g} to {batch['loss']:.4g} (×{batch['loss'] / lvl:.3g})"
+            if lvl else f"to {batch['loss']:.4g}")
+    others = [int(s) for s in step[idx] if int(s) != batch["step"]]
+    return (f"One batch threw the loss {size} at step {batch['step']}"
+            + (f", {DOMINANT:g}× further than any other spike ({len(others)} smaller, the "
+               f"first at step {others[0]})." if others else "."))
 
 
 def _message(step: np.ndarray, loss: np.ndarray, base: np.ndarray, resid: np.ndarray,

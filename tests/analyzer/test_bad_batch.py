@@ -1,0 +1,131 @@
+"""One batch that throws the run (issue 45, item 4): it is one finding, dated at its own
+step, and what it sets off (an explosion, a knocked-out model, a NaN) is its consequence.
+Generated series with known answers, at the noise levels of real runs: per-tensor gradients
+that span a decade from step to step, losses with lognormal per-batch noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from tracealyze.analyzer.diagnosis.detectors import gradient_explosion as ge
+from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.diagnosis.thresholds import dataclass_of
+from tracealyze.analyzer.stats.shift import objective_shift
+
+from tests.runfactory import make_run
+
+TH = dataclass_of(ge)()
+
+
+def _falling(rng: np.random.Generator, n: int, noise: float = 0.1) -> np.ndarray:
+    step = np.arange(n)
+    return (0.05 + 2.0 * np.exp(-step / (n / 5))) * np.exp(rng.normal(0, noise, n))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_jump_into_growth_is_dated_at_the_jump_on_a_noisy_gradient(seed: int) -> None:
+    """A bias gradient whose noise spans a decade (a low point a few steps before the
+    batch): the explosion starts at the batch's step, not at the low point."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(200, 600))
+    at = int(rng.integers(int(0.3 * n), n - 10))
+    x = np.log(0.08) + rng.normal(0, 0.9, n)
+    x[at - 3] = np.log(0.005)  # the noise's low point just before
+    x[at:] = np.log(10.0) + np.cumsum(rng.uniform(0.5, 3.0, n - at))  # thrown, then grows
+    end = min(n, at + 6)
+    got = ge.find_explosion(np.arange(end), x[:end], True, TH.window, TH, 0)
+    assert got is not None and got["onset"] == at, (at, got)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_an_accelerating_growth_keeps_its_onset(seed: int) -> None:
+    """Growth that accelerates into overflow from step 0 (3.5, 5.5, 12, 273, 5e3, 4e12): its
+    largest step comes last, but it had left its first level before: dated 0."""
+    rng = np.random.default_rng(100 + seed)
+    rate = np.cumsum(rng.uniform(0.3, 1.0, 6) * np.geomspace(1, 8, 6))
+    x = np.log(3.5) + np.concatenate([[0.0], rate])
+    got = ge.find_explosion(np.arange(len(x)), x, True, TH.window, TH, 0)
+    assert got is not None and got["onset"] <= 1, got
+
+
+def test_helpers_single_jump_needs_a_flat_baseline() -> None:
+    x = np.log(np.array([0.1, 0.12, 0.09, 0.11, 0.1, 50.0, 80.0, 200.0]))
+    assert ge.single_jump(x, 0, 5, math.log(10), 10, 8) == 5
+    rising = np.log(np.array([0.1, 0.3, 0.9, 2.7, 300.0, 900.0]))
+    assert ge.single_jump(rising, 0, 4, math.log(10), 10, 6) == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_batch_that_knocks_the_model_back_is_not_a_rescaled_objective(seed: int) -> None:
+    """The loss x300 and the gradient x1000 on one step, then both held ~x8 (the model was
+    knocked back and relearns): the jump is far from the level that follows, so it is not
+    the objective that changed."""
+    rng = np.random.default_rng(300 + seed)
+    n = int(rng.integers(200, 800))
+    at = int(rng.integers(int(0.3 * n), int(0.8 * n)))
+    loss = _falling(rng, n)
+    grad = (0.3 + loss) * np.exp(rng.normal(0, 0.2, n))
+    loss[at] *= 300
+    grad[at] *= 1000
+    loss[at + 1:] *= 8
+    grad[at + 1:] *= 8
+    assert objective_shift(np.arange(n), loss, grad) is None
+
+
+def _summary(tmp_path, loss, grad, lr=1e-3, n=300):
+    run = make_run(tmp_path, steps=n, loss=loss, grad_norm=grad, lr=lr)
+    return build_summary(run)["findings"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_batch_among_small_spikes_is_the_finding_and_dated_at_it(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    loss = _falling(rng, 300, 0.05)
+    for s in (60, 110):
+        loss[s] *= 5  # ordinary hard batches
+    loss[170] *= 400  # the corrupt one
+    (f,) = [x for x in _summary(tmp_path, loss, 1.0 + 0 * loss) if x["id"] == "loss_spike"]
+    assert f["first_step"] == 170 and f["evidence"]["batch"]["step"] == 170
+    assert f["message"].startswith("One batch threw the loss")
+
+
+def test_a_family_of_spikes_has_no_batch(tmp_path):
+    rng = np.random.default_rng(9)
+    loss = _falling(rng, 300, 0.05)
+    for s in (60, 125, 170, 244):  # (irregular: a period would be the loop's design)
+        loss[s] *= 6 + s / 100  # alike: the learning rate's doing, not one batch's
+    (f,) = [x for x in _summary(tmp_path, loss, 1.0 + 0 * loss) if x["id"] == "loss_spike"]
+    assert f["evidence"]["batch"] is None and f["first_step"] == 60
+
+
+def _thrown_into_nan(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    loss = _falling(rng, 300, 0.1)
+    grad = 0.5 * np.exp(rng.normal(0, 0.3, 300))
+    loss[170:175] = loss[169] * np.array([2e4, 6e5, 6e5, 2e11, 3e16])
+    grad[170:175] = grad[169] * np.array([4e3, 1e5, 2.5e5, 1e9, 2e12])
+    loss[175:] = np.nan
+    grad[175:] = np.nan
+    return loss, grad
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_that_throws_the_run_into_nan_is_the_root(tmp_path, seed):
+    """The loss x2e4 at step 170, never back, NaN at 175: the batch is the root finding,
+    the NaN and the gradients' growth are its consequences."""
+    loss, grad = _thrown_into_nan(np.random.default_rng(seed))
+    fs = _summary(tmp_path, loss, grad)
+    top = [f for f in fs if f["severity"] != "info" and not f.get("caused_by")]
+    assert [f["id"] for f in top] == ["loss_spike"], [(f["id"], f["first_step"]) for f in fs]
+    assert top[0]["first_step"] == 170
+    rest = {f["id"]: f for f in fs if f.get("caused_by")}
+    assert rest["nonfinite"]["caused_by"] == "loss_spike"
+
+
+def test_the_same_jump_right_after_a_learning_rate_jump_is_the_rates(tmp_path):
+    loss, grad = _thrown_into_nan(np.random.default_rng(1))
+    lr = np.where(np.arange(300) < 168, 1e-3, 1e-1)
+    (f,) = [x for x in _summary(tmp_path, loss, grad, lr=lr) if x["id"] == "loss_spike"] or [
+        {"evidence": {"batch": None}}]
+    assert f["evidence"]["batch"] is None
