@@ -18,7 +18,7 @@ from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data
+from . import _at_start, _changes, _data
 from .base import Context
 
 ID = "gradient_explosion"
@@ -50,10 +50,17 @@ DOC = {
             "while the loss keeps falling are learning, and so is a transient rise that "
             "settles back to its baseline for the rest of the run while the loss ends "
             "below its level at the onset (with or without clipping). The onset is the "
-            "change point of the smoothed log norm (best flat-then-rising fit), first_step "
-            "that onset or the learning-rate jump just before it; a gradual LR rise into it "
-            "is named as the cause. Subject: the tensor with the largest growth against its "
-            "own baseline, or the total norm when at least BROAD of the tensors explode.",
+            "change point of the smoothed log norm (best flat-then-rising fit), or the one "
+            "step that takes the raw norm out of its baseline's range for good by ln(factor) "
+            "(a batch that threw the run), or the run's start when the prefix before it is "
+            "too short to be a baseline and went up; first_step that onset or the "
+            "learning-rate jump just before it; a gradual LR rise into it is named as the "
+            "cause. A first gradient factor² above the run's later median beyond what the "
+            "loss's own fall explains is an explosion at the start (_at_start.py). Subject: "
+            "the tensor with the largest growth against its own baseline (from its start, "
+            "for a growth from the run's start), the recurrent weight of a recurrent "
+            "network's explosion at the start, or the total norm when at least BROAD of "
+            "the tensors explode.",
     "fixes": "Lower the learning rate, add gradient clipping (clip_grad_norm_), LR warm-up, "
              "normalisation layers, check the loss scale with fp16.",
 }
@@ -122,9 +129,12 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
         # the change point: where a flat baseline turns into the sustained rise (a noisy
         # baseline's low point is not where growth starts)
         j = hinge(xs, max(0, j - w), i, j)
-        # a prefix too short to be a baseline (under min_points) that only went up is the
-        # growth's own start, not a calm level it left: no calm prefix, dated from step 0
-        if 0 < j < int(th.min_points) and bool(np.all(np.diff(x[:j + 1]) > 0)):
+        # a prefix too short to be a baseline (under min_points from the run's first point,
+        # warm-up included) that went up by the rise test's own tolerance, or only went up,
+        # is the growth's own start, not a calm level it left: dated from the start
+        pre = all_x[all_step <= step[j]]
+        if j > 0 and len(pre) <= int(th.min_points) and (
+                pre[-1] - pre[0] >= need / 3 or bool(np.all(np.diff(pre) > 0))):
             j = 0
         jump = single_jump(x, j, i, need, w, end)
         # early training: norms rise on their own and settle (an embedding's or a bias's
@@ -150,6 +160,8 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
                     all_step[k] - all_step[k - 1]):
                 k -= 1
             onset, start_x = int(all_step[k]), float(all_x[k])
+            # no level before it: its baseline is where it started
+            baseline = min(baseline, start_x)
         if jump > j:  # dated to the jump, from the level before it; crossed there at once
             onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
         # back down to (near) the baseline for the rest of the run: the rise ended
@@ -341,7 +353,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     total = total if real(total) else None
     layers = [x for x in layers if real(x)]
     if total is None and not layers:
-        return []
+        start = _at_start.explosion_at_start(ctx, th)  # exploded before any level to grow
+        return [_at_start.finding(ctx, start, ID, DOC["fixes"])] if start else []
     # The subject: the tensor whose norm grew most against its own baseline (the first in
     # model order is often the embedding, which the growth reaches last, not first), or the
     # total when the growth is broad (at least BROAD of the tensors).

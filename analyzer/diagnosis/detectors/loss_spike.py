@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
-from ...stats.periodic import phase_pattern
+from ...stats.periodic import Pattern, phase_level, phase_pattern
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -37,8 +37,16 @@ DOC = {
             "next recover_steps below level + recover_frac × jump; a loss that stays up is "
             "loss_divergence, not a spike). Spikes at a phase of a fixed period whose median "
             "over ≥ 4 cycles is itself a spike (a multi-task loop, a curriculum, an eval "
-            "every N steps: stats/periodic.py) are the loop's structure: explained, and "
-            "reported at info when nothing else remains.",
+            "every N steps: stats/periodic.py), or a phase whose median log loss stands "
+            "above the others' cycle after cycle (phase_level: a second task at 3x the loss "
+            "under a CNN's per-batch noise), are the loop's structure: explained, and "
+            "reported at info when nothing else remains. One event (a spike, or a run of "
+            "consecutive ones) DOMINANT (10x) beyond every other in its excess relative to "
+            "the level before it, or the only one, or a jump by DOMINANT x min_rel_jump "
+            "after which the loss went nonfinite within recover_steps, is a batch that "
+            "threw the run (evidence.batch; not within 10 steps after a learning-rate jump "
+            "or during a rising ramp): the finding is dated at it and is the cause of the "
+            "explosion, divergence, NaN or plateau that begins with it.",
     "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
              "(the spike steps' data), use a larger batch or loss scaling with AMP.",
 }
@@ -87,6 +95,17 @@ DOMINANT = 10.0
 relative to that level, is at least this many times every other event's is a batch of its
 own (a corrupt sample), not one of a family: spikes that the loop or the learning rate makes
 are within an order of magnitude of each other, relative to the loss they sit on."""
+
+
+def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pattern | None:
+    """A loop's structure on the log loss: a second task whose loss is 3× the first's is the
+    same deviation at any level, though under a noisy CNN's per-batch noise only a few of its
+    steps clear the spike bar (stats.periodic.phase_level)."""
+    if not (loss > 0).all():
+        return None
+    ll = np.log(loss)
+    dev = ll - _stats.rolling_median(ll, int(th.window))
+    return phase_level(step, dev, _stats.mad_sigma(dev))
 
 
 def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, base: np.ndarray,
@@ -146,6 +165,11 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     idx, base, resid, sigma = find_spikes(step, loss, th)
     # a rise that keeps an appointment (more than half the cycles at one phase) is design
     pattern = phase_pattern(step, resid / max(sigma, 1e-12), float(th.z))
+    if len(idx):  # (or on the log loss: the one that explains more of the spikes)
+        rel = _relative_pattern(step, loss, th)
+        if rel is not None and (pattern is None or sum(map(rel.explains, step[idx])) > sum(
+                map(pattern.explains, step[idx]))):
+            pattern = rel
     if pattern is not None and len(idx):
         by_design = [i for i in idx if pattern.explains(int(step[i]))]
         idx = np.asarray([i for i in idx if not pattern.explains(int(step[i]))], dtype=int)
