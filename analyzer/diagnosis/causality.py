@@ -66,18 +66,18 @@ _IDLE_CAUSE = {"host_sync": "host_sync", "dataloader_bottleneck": "input_bound"}
 def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
     if cause.id in _COVERAGE and cause.severity == "info":
         return False  # a block frozen on purpose is context, not a cause
+    if cause.id == "loss_divergence" and "loss_factor" in cause.evidence:
+        return False  # a rescaled objective (info) is the loss's scale, not an instability
+    if cause.id == "loss_spike":
+        # only a batch that threw the run, and only what began with it (not before)
+        return bool(cause.evidence.get("batch")) and _began_with(symptom, cause, rule.slack)
     if rule.needs_step:
         if cause.first_step is None or symptom.first_step is None:
             return False
         if cause.first_step > symptom.first_step + rule.slack:
             return False
-    if cause.id == "loss_spike":
-        # only a batch that threw the run, and only what began with it (not before)
-        return bool(cause.evidence.get("batch")) and symptom.first_step is not None and \
-            symptom.first_step >= cause.first_step - rule.slack
     if symptom.id == "loss_spike" and symptom.evidence.get("batch") and \
-            cause.first_step is not None and symptom.first_step is not None and \
-            cause.first_step >= symptom.first_step - 2:
+            _began_with(cause, symptom, 2):
         return False  # it began with the batch: the batch is the cause, not the symptom
     if symptom.id == "nonfinite":
         # only a growth or divergence that itself ended in NaN/Inf explains the NaN (a rise
@@ -97,6 +97,32 @@ def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
         return (symptom.evidence.get("cause") == "leak"
                 and cause.subject == "cuda_allocated_bytes")
     return True
+
+
+BATCH_LEAD = 10
+"""Steps an onset estimate may come before the batch it began with (a smoothed series bends
+a few steps early): the window in which _changes.within names a learning-rate jump as the
+cause of an instability."""
+
+
+def _began_with(f: Finding, spike: Finding, slack: int) -> bool:
+    """Did ``f`` begin with the batch of ``spike`` (evidence.batch)? Its onset is at the
+    batch (within ``slack``); or it is a growth that became clear only after the batch
+    (crossing_step at or after it) with an onset at most BATCH_LEAD steps before; or a
+    divergence from a best level the loss still held right before the batch."""
+    batch = spike.evidence.get("batch") or {}
+    b = batch.get("step")
+    if f.first_step is None or b is None:
+        return False
+    if f.first_step >= b - slack:
+        return True
+    cross = f.evidence.get("crossing_step")
+    if cross is not None and cross >= b and f.first_step >= b - BATCH_LEAD:
+        return True
+    best, noise, level = (f.evidence.get("best_loss"), f.evidence.get("loss_noise"),
+                          batch.get("level"))
+    return f.id == "loss_divergence" and None not in (best, noise, level) and \
+        level <= best + 2 * noise
 
 
 def link(findings: Sequence[Finding]) -> list[Finding]:

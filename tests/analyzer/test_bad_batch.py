@@ -129,3 +129,24 @@ def test_the_same_jump_right_after_a_learning_rate_jump_is_the_rates(tmp_path):
     (f,) = [x for x in _summary(tmp_path, loss, grad, lr=lr) if x["id"] == "loss_spike"] or [
         {"evidence": {"batch": None}}]
     assert f["evidence"]["batch"] is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_that_knocks_the_model_back_leads_what_follows(tmp_path, seed):
+    """The loss x40 at step 170, then ~x25 for a dozen steps (not a spike: it does not come
+    back within recover_steps) and x3 for the rest of the run: whatever the divergence's
+    onset estimate (the best point before it), the batch is the root."""
+    rng = np.random.default_rng(50 + seed)
+    loss = _falling(rng, 300, 0.15)
+    grad = 0.5 * np.exp(rng.normal(0, 0.3, 300))
+    knock = np.ones(300)
+    knock[170] = 40.0
+    knock[171:183] = np.linspace(25, 6, 12)
+    knock[183:] = 3.0
+    fs = _summary(tmp_path, loss * knock, grad * np.sqrt(knock))
+    roots = [f for f in fs if f["severity"] != "info" and not f.get("caused_by")]
+    assert roots[0]["id"] == "loss_spike" and roots[0]["first_step"] == 170, [
+        (f["id"], f["first_step"], f.get("caused_by")) for f in fs]
+    assert all(f.get("caused_by") == "loss_spike" for f in fs
+               if f["id"] in ("loss_divergence", "gradient_explosion")
+               and f["severity"] != "info")

@@ -40,10 +40,11 @@ DOC = {
             "every N steps: stats/periodic.py), or a phase whose median log loss stands "
             "above the others' cycle after cycle (phase_level: a second task at 3x the loss "
             "under a CNN's per-batch noise), are the loop's structure: explained, and "
-            "reported at info when nothing else remains. One event (a spike, or a run of "
-            "consecutive ones) DOMINANT (10x) beyond every other in its excess relative to "
-            "the level before it, or the only one, or a jump by DOMINANT x min_rel_jump "
-            "after which the loss went nonfinite within recover_steps, is a batch that "
+            "reported at info when nothing else remains. Events are spikes and throws (a "
+            "one-step jump of DOMINANT x min_rel_jump above the level from a step still at "
+            "it, that did not come back: the model knocked back, or into NaN), one event "
+            "while the loss has not fallen back; one DOMINANT (10x) beyond every other in "
+            "its excess relative to the level before it, or the only one, is a batch that "
             "threw the run (evidence.batch; not within 10 steps after a learning-rate jump "
             "or during a rising ramp): the finding is dated at it and is the cause of the "
             "explosion, divergence, NaN or plateau that begins with it.",
@@ -108,24 +109,40 @@ def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pat
     return phase_level(step, dev, _stats.mad_sigma(dev))
 
 
-def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, base: np.ndarray,
-                idx: np.ndarray, th: Thresholds) -> tuple[int | None, np.ndarray]:
+def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, idx: np.ndarray,
+                sigma: float, th: Thresholds, pattern: Pattern | None
+                ) -> tuple[int | None, np.ndarray]:
     """(the index of the batch that threw the run, or None; the spike indices with it).
 
-    The batch is the first step of the event that dominates every other (DOMINANT), or of
-    the only one. A jump that never comes back because the loss went nonfinite within
-    ``recover_steps`` (a batch that threw the run into NaN) is an event too, though not a
-    spike. A batch right after a learning-rate jump or during a rising ramp is the learning
-    rate's doing, not the data's."""
-    t = _into_nonfinite(ctx, r, step, loss, th)
-    if t is not None:  # the spikes on its way up are the same event
-        idx = np.append(idx[idx < t], t)
+    Events are spikes and throws (a one-step jump DOMINANT times the spike's relative floor
+    from a loss still at its level, that did not come back within ``recover_steps``: the
+    model knocked back for a while, or into NaN), merged when they come within EVENT_GAP
+    steps of each other (what a knocked model does next is the same event). The batch is
+    the first step of the event that dominates every other (DOMINANT), or of the only one;
+    not one right after a learning-rate jump or during a rising ramp (the rate's doing).
+    Throws at the phases of the loop's ``pattern`` are its structure, as its spikes are."""
+    thrown = [t for t in _throws(loss, sigma, th)
+              if pattern is None or not pattern.explains(int(step[t]))]
+    idx = np.union1d(idx, thrown).astype(int)
     events: list[tuple[int, float]] = []  # (first index, excess relative to the level)
     h = max(1, int(th.window) // 2)
-    for run in np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1) if len(idx) else []:
-        level = np.array([np.median(loss[max(0, i - h):i]) if i else loss[i] for i in run])
-        events.append((int(run[0]), float(np.max((loss[run] - level)
-                                                 / np.maximum(np.abs(level), 1e-12)))))
+    k = 0
+    while k < len(idx):
+        i0 = int(idx[k])
+        level = float(np.median(loss[max(0, i0 - h):i0])) if i0 else float(loss[i0])
+        size = (float(loss[i0]) - level) / max(abs(level), 1e-12)
+        # the event lasts while the loss has not come back: every later spike or throw
+        # within EVENT_GAP steps, or before the loss fell back to within 1/DOMINANT of
+        # the jump above its level, is part of it (what a knocked model does next)
+        up = loss[i0:] > level + (float(loss[i0]) - level) / DOMINANT
+        back = np.flatnonzero(~up)
+        end = i0 + (int(back[0]) if len(back) else len(up))
+        k += 1
+        while k < len(idx) and (int(idx[k]) <= end or int(idx[k]) - int(idx[k - 1]) <= EVENT_GAP):
+            j = int(idx[k])
+            size = max(size, (float(loss[j]) - level) / max(abs(level), 1e-12))
+            k += 1
+        events.append((i0, size))
     if not events:
         return None, idx
     events.sort(key=lambda e: -e[1])
@@ -137,24 +154,26 @@ def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, base: 
     return b, idx
 
 
-def _into_nonfinite(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray,
-                    th: Thresholds) -> int | None:
-    """The index of a jump after which the loss stayed up (above half the jump) and went
-    nonfinite within recover_steps: a spike that had no time to come back. Its size is not
-    seen come back, so it must clear the spike's relative floor DOMINANT times over."""
-    d = _data.steps(ctx)[r]
-    bad = d["step"][~np.isfinite(d["loss"])]
-    if not len(bad) or len(loss) < 3:
-        return None
-    last = int(np.searchsorted(step, int(bad[0])))  # finite points before the first NaN/Inf
+EVENT_GAP = 2
+"""Spikes and throws this close (steps between them) are one event."""
+
+
+def _throws(loss: np.ndarray, sigma: float, th: Thresholds) -> np.ndarray:
+    """Indices of one-step jumps to ≥ (1 + DOMINANT × min_rel_jump) × the level before
+    (the median of the previous half window), beyond z σ, from a step still near that level:
+    a spike that had no time to come back. Its return is not seen, so it must clear the
+    spike's relative floor DOMINANT times over."""
     h = max(1, int(th.window) // 2)
-    for t in range(max(1, last - max(1, int(th.recover_steps))), last):
-        prev = float(np.median(loss[max(0, t - h):t]))
-        jump = float(loss[t]) - prev
-        if jump > float(th.min_rel_jump) * abs(prev) * DOMINANT and \
-                bool(np.all(loss[t:last] >= prev + jump / 2)):
-            return t
-    return None
+    if len(loss) <= h:
+        return np.array([], dtype=int)
+    before = np.lib.stride_tricks.sliding_window_view(loss.astype(np.float64), h)[:-1]
+    prev = np.median(before, axis=1)  # level before index h, h+1, ...
+    t = np.arange(h, len(loss))
+    jump = loss[t] - prev
+    near = loss[t - 1] - prev <= jump / 4
+    hit = (jump > float(th.min_rel_jump) * DOMINANT * np.abs(prev)) & (
+        jump > float(th.z) * sigma) & near
+    return t[hit]
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
@@ -170,17 +189,16 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if rel is not None and (pattern is None or sum(map(rel.explains, step[idx])) > sum(
                 map(pattern.explains, step[idx]))):
             pattern = rel
+    by_design: list[int] = []
     if pattern is not None and len(idx):
         by_design = [i for i in idx if pattern.explains(int(step[i]))]
         idx = np.asarray([i for i in idx if not pattern.explains(int(step[i]))], dtype=int)
-        if not len(idx):
-            return [_structure(r, step, by_design, pattern)]
     # one event far beyond all the others (a batch that threw the run) is a different
     # thing from a family of small spikes: the finding is dated at it, and it can be the
     # cause of what follows (causality.py)
-    b, idx = batch_event(ctx, r, step, loss, base, idx, th)
+    b, idx = batch_event(ctx, r, step, loss, idx, sigma, th, pattern)
     if not len(idx):
-        return []
+        return [_structure(r, step, by_design, pattern)] if by_design else []
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
     first = idx[0] if b is None else b
     spikes = [int(s) for s in step[idx][:20]]

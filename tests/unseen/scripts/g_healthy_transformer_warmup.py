@@ -18,7 +18,8 @@ the first steps' gradient norm is ~8x the level the run settles at -- the natura
 early LM training, not an explosion. The loss falls monotonically in 30-step means: ~3.35
 (steps 0-29; ln 64 = 4.16 at step 0), 1.40, 0.94, 0.80, 0.74, 0.712, 0.711, 0.70, 0.68, 0.66
 -- still improving at the end, close to the achievable level (the chain's per-state
-next-token entropy averages 0.675 nats, unweighted by state frequency). No NaN/Inf, no spike, no divergence. Nothing above info.
+next-token entropy averages 0.675 nats, unweighted by state frequency). No NaN/Inf, no
+spike, no divergence. Nothing above info.
 """
 
 import argparse
@@ -83,7 +84,8 @@ def main() -> None:
             loss = nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norms.append(torch.norm(torch.stack([p.grad.norm() for p in model.parameters()])).item())
+            norms.append(torch.norm(torch.stack(
+                [p.grad.norm() for p in model.parameters()])).item())
             opt.step()
             rec.step(loss=loss, lr=sched.get_last_lr()[0])
             sched.step()

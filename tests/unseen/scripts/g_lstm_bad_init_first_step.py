@@ -23,7 +23,8 @@ What is TRUE of the run (ground truth, measured while writing it):
 - The single unclipped SGD update of step 0 moves the LSTM weights by 1e3-1e4 (norm of the
   change per tensor = its gradient norm above) and wrecks the recurrent layer for the rest
   of the run: from step 1 the total gradient norm is ~0.12-0.18, almost all of it in the head
-  (the LSTM tensors get <0.02, weight_hh ~5e-4) and the model learns almost nothing: loss 2.79 at step 0 (chance ln 16 =
+  (the LSTM tensors get <0.02, weight_hh ~5e-4) and the model learns almost nothing:
+  loss 2.79 at step 0 (chance ln 16 =
   2.77), 2.82 at step 1, still ~2.67 at the end (25-step mean). The identical script with a
   sane recurrent init reaches ~0.7 by step 250. Only step 0 is exploded; no NaN/Inf occurs.
 """
@@ -79,7 +80,8 @@ def main() -> None:
                                                x[:, :-DELAY].reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norms.append(torch.norm(torch.stack([p.grad.norm() for p in model.parameters()])).item())
+            norms.append(torch.norm(torch.stack(
+                [p.grad.norm() for p in model.parameters()])).item())
             opt.step()
             rec.step(loss=loss)
             losses.append(loss.item())

@@ -85,7 +85,8 @@ def main() -> None:
             loss = nn.functional.cross_entropy(model(xb), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            norms.append(torch.norm(torch.stack([p.grad.norm() for p in model.parameters()])).item())
+            norms.append(torch.norm(torch.stack(
+                [p.grad.norm() for p in model.parameters()])).item())
             opt.step()
             rec.step(loss=loss)
             losses.append(loss.item())
