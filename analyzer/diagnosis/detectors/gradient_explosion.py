@@ -176,9 +176,7 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
                 "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
                 else None, "from": float(math.exp(start_x)),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
-                # the sustained peak (smoothed: one step's spike, a bad batch's, is not
-                # the size of a growth that ended long before it)
-                "max": float(math.exp(np.max(xs))), "baseline": float(math.exp(baseline))}
+                "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline))}
     return None
 
 
