@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from tracealyze.analyzer.diagnosis.findings import severity_rank
@@ -192,6 +194,20 @@ def test_nonfinite_input_batch(tmp_path):
                             "message": "batch has NaN"}])
     (f,) = found(run, "nonfinite")
     assert (f["subject"], f["first_step"]) == ("input", 30)
+
+
+def test_nonfinite_made_once_in_the_backward_says_so(tmp_path):
+    """The debug preset's backward probes name the module; with zero_nonfinite_grads the NaN
+    is never applied, no later step repeats it and no anomaly traceback names the backward:
+    the finding must say it in so many words."""
+    msg = ("nonfinite gradient: the gradient reaching the output of blk.conv was already "
+           "nonfinite: plain code in the forward of blk made it")
+    run = make_run(tmp_path, steps=60, tensors=4,
+                   events=[{"kind": "nonfinite", "step": 40, "subject": "blk", "message": msg,
+                            "details": json.dumps({"source": "backward"})}])
+    (f,) = found(run, "nonfinite")
+    assert (f["subject"], f["first_step"]) == ("blk", 40)
+    assert f["evidence"]["direction"] == "backward" and "backward pass" in f["message"]
 
 
 def test_nonfinite_negative(tmp_path):

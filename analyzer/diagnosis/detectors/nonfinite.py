@@ -118,7 +118,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if row and row[0][1] is not None and int(row[0][1]) <= first and (
                 q["activation"] is None or q["activation"] > int(row[0][1])):
             subject, first = str(row[0][0]), int(row[0][1])
-            where = str(row[0][2]).split(": ", 1)[-1]
+            # (said in so many words: with the debug preset's zero_nonfinite_grads the NaN
+            # is not applied, no later step repeats it, and no anomaly traceback says it)
+            where = (str(row[0][2]).split(": ", 1)[-1]
+                     + ", in the backward pass (the forward was finite)")
             ev["direction"] = "backward"
     # ... else the first module (post-order seq) whose output went nonfinite at that step
     if subject is None and q["activation"] is not None and q["activation"] <= first:
