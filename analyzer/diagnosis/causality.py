@@ -106,7 +106,8 @@ cause of an instability."""
 
 
 def _began_with(f: Finding, spike: Finding, slack: int) -> bool:
-    """Did ``f`` begin with the batch of ``spike`` (evidence.batch)? Its onset is at the
+    """Did ``f`` begin with the batch of ``spike`` (evidence.batch)? Not when it began after the
+    loss had come back (evidence.batch.until, BATCH_LEAD steps of grace). Its onset is at the
     batch (within ``slack``); or it is a growth that became clear only after the batch
     (crossing_step at or after it) with an onset at most BATCH_LEAD steps before; or a
     divergence from a best level the loss still held right before the batch."""
@@ -114,6 +115,8 @@ def _began_with(f: Finding, spike: Finding, slack: int) -> bool:
     b = batch.get("step")
     if f.first_step is None or b is None:
         return False
+    if f.first_step > batch.get("until", b) + BATCH_LEAD:
+        return False  # it began after the loss had come back: not the batch's doing
     if f.first_step >= b - slack:
         return True
     cross = f.evidence.get("crossing_step")

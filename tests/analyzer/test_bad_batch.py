@@ -150,3 +150,15 @@ def test_a_batch_that_knocks_the_model_back_leads_what_follows(tmp_path, seed):
     assert all(f.get("caused_by") == "loss_spike" for f in fs
                if f["id"] in ("loss_divergence", "gradient_explosion")
                and f["severity"] != "info")
+
+
+def test_a_batch_does_not_explain_what_began_after_the_loss_came_back(tmp_path):
+    """One spike at step 80 that comes right back; a NaN 200 steps later: the NaN is not the
+    batch's doing."""
+    rng = np.random.default_rng(7)
+    loss = _falling(rng, 400, 0.05)
+    loss[80] *= 30
+    loss[300:] = np.nan
+    fs = _summary(tmp_path, loss, np.ones(400), n=400)
+    (nf,) = [f for f in fs if f["id"] == "nonfinite"]
+    assert nf.get("caused_by") != "loss_spike", [(f["id"], f.get("caused_by")) for f in fs]

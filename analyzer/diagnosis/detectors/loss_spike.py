@@ -111,8 +111,9 @@ def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pat
 
 def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, idx: np.ndarray,
                 sigma: float, th: Thresholds, pattern: Pattern | None
-                ) -> tuple[int | None, np.ndarray]:
-    """(the index of the batch that threw the run, or None; the spike indices with it).
+                ) -> tuple[int | None, int, np.ndarray]:
+    """(the index of the batch that threw the run, or None; the index where its event ended:
+    the loss back within 1/DOMINANT of the jump, or the series' end; the spike indices).
 
     Events are spikes and throws (a one-step jump DOMINANT times the spike's relative floor
     from a loss still at its level, that did not come back within ``recover_steps``: the
@@ -124,7 +125,7 @@ def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, idx: n
     thrown = [t for t in _throws(loss, sigma, th)
               if pattern is None or not pattern.explains(int(step[t]))]
     idx = np.union1d(idx, thrown).astype(int)
-    events: list[tuple[int, float]] = []  # (first index, excess relative to the level)
+    events: list[tuple[int, float, int]] = []  # (first, excess relative to the level, end)
     h = max(1, int(th.window) // 2)
     k = 0
     while k < len(idx):
@@ -142,16 +143,16 @@ def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, idx: n
             j = int(idx[k])
             size = max(size, (float(loss[j]) - level) / max(abs(level), 1e-12))
             k += 1
-        events.append((i0, size))
+        events.append((i0, size, end))
     if not events:
-        return None, idx
+        return None, 0, idx
     events.sort(key=lambda e: -e[1])
     if len(events) > 1 and events[0][1] < DOMINANT * events[1][1]:
-        return None, idx
-    b = events[0][0]
+        return None, 0, idx
+    b, _, until = events[0]
     if _changes.within(ctx, int(step[b]) - 10, int(step[b])) is not None:
-        return None, idx
-    return b, idx
+        return None, 0, idx
+    return b, until, idx
 
 
 EVENT_GAP = 2
@@ -160,9 +161,10 @@ EVENT_GAP = 2
 
 def _throws(loss: np.ndarray, sigma: float, th: Thresholds) -> np.ndarray:
     """Indices of one-step jumps to ≥ (1 + DOMINANT × min_rel_jump) × the level before
-    (the median of the previous half window), beyond z σ, from a step still near that level:
-    a spike that had no time to come back. Its return is not seen, so it must clear the
-    spike's relative floor DOMINANT times over."""
+    (the median of the previous half window), beyond z σ, from a step still near that level,
+    whether or not the loss came back (one that did not is no spike: the model was knocked
+    back, or thrown into NaN). Its return is not needed, so it must clear the spike's
+    relative floor DOMINANT times over."""
     h = max(1, int(th.window) // 2)
     if len(loss) <= h:
         return np.array([], dtype=int)
@@ -183,7 +185,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     r, step, loss = series
     idx, base, resid, sigma = find_spikes(step, loss, th)
     # a rise that keeps an appointment (more than half the cycles at one phase) is design
-    pattern = phase_pattern(step, resid / max(sigma, 1e-12), float(th.z))
+    pattern = phase_pattern(step, resid / max(sigma, 1e-12), float(th.z)) if len(idx) else None
     if len(idx):  # (or on the log loss: the one that explains more of the spikes)
         rel = _relative_pattern(step, loss, th)
         if rel is not None and (pattern is None or sum(map(rel.explains, step[idx])) > sum(
@@ -196,7 +198,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # one event far beyond all the others (a batch that threw the run) is a different
     # thing from a family of small spikes: the finding is dated at it, and it can be the
     # cause of what follows (causality.py)
-    b, idx = batch_event(ctx, r, step, loss, idx, sigma, th, pattern)
+    b, until, idx = batch_event(ctx, r, step, loss, idx, sigma, th, pattern)
     if not len(idx):
         return [_structure(r, step, by_design, pattern)] if by_design else []
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
@@ -204,6 +206,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     spikes = [int(s) for s in step[idx][:20]]
     batch = None if b is None else {
         "step": int(step[b]), "loss": float(loss[b]),
+        # where the loss was back (or the series' end, or its last finite point: into NaN)
+        "until": int(step[min(until, len(step) - 1)]),
         "level": float(np.median(loss[max(0, b - int(th.window) // 2):b])) if b else None}
     sev = "error" if len(idx) >= th.error_count else "warning"
     # a learning rate rising into the spikes (a ramp, an endless warm-up) is their cause
