@@ -16,8 +16,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .models import VOCAB, ModelSpec, ce_loss, image_batches, random_labels, random_tokens
-from .models import token_batches as _tokens
+from .archs import adam
+from .models import (
+    VOCAB,
+    ModelSpec,
+    ce_loss,
+    image_batches,
+    nanogpt_loss,
+    random_labels,
+    random_tokens,
+    token_batches,
+)
 
 
 # ---------------------------------------------------------------- TCN (WaveNet-style)
@@ -47,11 +56,6 @@ class TCN(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x.transpose(1, 2))
-
-
-def tcn_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    logits = model(ids[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
 
 
 # ---------------------------------------------------------------- Switch-style MoE
@@ -113,17 +117,13 @@ def moe_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torc
     return loss + 0.01 * sum(b.aux for b in model.blocks)  # type: ignore[union-attr]
 
 
-def _adam(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.Adam(model.parameters(), lr=lr)
-
-
 MORE2: dict[str, ModelSpec] = {
-    "tcn": ModelSpec(build=lambda s: TCN(s), optimizer=_adam, lr=3e-3, batch_size=16,
-                     data=lambda s: _tokens(s, 16), loss=tcn_loss,
+    "tcn": ModelSpec(build=lambda s: TCN(s), optimizer=adam, lr=3e-3, batch_size=16,
+                     data=lambda s: token_batches(s, 16), loss=nanogpt_loss,
                      nan_parent="blocks.1", nan_child="res", cut="embed",
                      cut_subject=("embed",), freeze="blocks.0",
                      randomize=random_tokens(VOCAB)),
-    "moe": ModelSpec(build=lambda s: SwitchMoE(s), optimizer=_adam, lr=2e-3, batch_size=32,
+    "moe": ModelSpec(build=lambda s: SwitchMoE(s), optimizer=adam, lr=2e-3, batch_size=32,
                      data=lambda s: image_batches(s, 32), loss=moe_loss,
                      nan_parent="blocks.1", nan_child="norm", cut="patch",
                      cut_subject=("patch",), freeze="blocks.0",
