@@ -55,6 +55,24 @@ def _same_size(dev: np.ndarray) -> bool:
     return bool(q1 > 0 and q3 / q1 <= SAME_SIZE)
 
 
+def _latest_finite(step: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The latest MAX_POINTS steps (bounded work), where ``x`` is known."""
+    step = np.asarray(step, dtype=np.int64)[-MAX_POINTS:]
+    x = np.asarray(x, dtype=np.float64)[-MAX_POINTS:]
+    ok = np.isfinite(x)
+    return step[ok], x[ok]
+
+
+def _by_phase(step: np.ndarray, x: np.ndarray, period: int
+              ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(the phases seen, in order; the values of ``x`` at each) for ``step % period``."""
+    phase = step % period
+    order = np.argsort(phase, kind="stable")
+    ph, xx = phase[order], x[order]
+    cuts = np.flatnonzero(np.diff(ph)) + 1
+    return (ph[np.r_[0, cuts]] if len(ph) else ph), np.split(xx, cuts)
+
+
 def phase_pattern(step: np.ndarray, z: np.ndarray, threshold: float,
                   min_cycles: int = MIN_CYCLES, max_period: int = MAX_PERIOD
                   ) -> Pattern | None:
@@ -65,20 +83,12 @@ def phase_pattern(step: np.ndarray, z: np.ndarray, threshold: float,
     most steps is a level, not an appointment), and the other phases are calm (median |z| ≤
     threshold / 2), and its deviations are of a similar size cycle after cycle (quartiles
     within ``SAME_SIZE``). None when there is none."""
-    step = np.asarray(step, dtype=np.int64)[-MAX_POINTS:]  # (the latest: bounded work)
-    z = np.asarray(z, dtype=np.float64)[-MAX_POINTS:]
-    ok = np.isfinite(z)
-    step, z = step[ok], z[ok]
+    step, z = _latest_finite(step, z)
     if len(step) < 2 * min_cycles:
         return None
     span = int(step[-1] - step[0]) + 1
     for period in range(2, min(max_period, span // min_cycles) + 1):
-        phase = step % period
-        order = np.argsort(phase, kind="stable")
-        ph, zz = phase[order], z[order]
-        cuts = np.flatnonzero(np.diff(ph)) + 1
-        groups = np.split(zz, cuts)
-        keys = ph[np.r_[0, cuts]] if len(ph) else ph
+        keys, groups = _by_phase(step, z, period)
         high = [int(k) for k, g in zip(keys, groups, strict=True)
                 if len(g) >= min_cycles and 2 * int(np.sum(g > threshold)) > len(g)
                 and _same_size(g[g > threshold])]
@@ -103,12 +113,7 @@ LEVEL_CYCLES = 8
 def _phase_medians(step: np.ndarray, dev: np.ndarray, sigma: float, period: int,
                    min_cycles: int) -> tuple[list[int], bool]:
     """(the phases whose median stands out, whether the others are calm) at ``period``."""
-    phase = step % period
-    order = np.argsort(phase, kind="stable")
-    ph, dd = phase[order], dev[order]
-    cuts = np.flatnonzero(np.diff(ph)) + 1
-    groups = np.split(dd, cuts)
-    keys = ph[np.r_[0, cuts]]
+    keys, groups = _by_phase(step, dev, period)
     ns = np.array([len(g) for g in groups])
     # (against the other phases' common level, the median of all but the highest phase:
     # a rolling baseline sits a little above the calm phases when a quarter of the points
@@ -137,10 +142,7 @@ def phase_level(step: np.ndarray, dev: np.ndarray, sigma: float,
     appointment almost every time), and the other phases are calm. The period is the
     smallest such, refined to a multiple whose standing-out phases are fewer (a task on
     every 4th step shows at period 2 as half of phase 1)."""
-    step = np.asarray(step, dtype=np.int64)[-MAX_POINTS:]
-    dev = np.asarray(dev, dtype=np.float64)[-MAX_POINTS:]
-    ok = np.isfinite(dev)
-    step, dev = step[ok], dev[ok]
+    step, dev = _latest_finite(step, dev)
     if len(step) < 2 * min_cycles or not sigma > 0:
         return None
     span = int(step[-1] - step[0]) + 1
