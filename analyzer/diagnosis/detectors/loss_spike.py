@@ -42,8 +42,8 @@ DOC = {
             "under a CNN's per-batch noise), are the loop's structure: explained, and "
             "reported at info when nothing else remains. Events are spikes and throws (a "
             "one-step jump of DOMINANT x min_rel_jump above the level from a step still at "
-            "it, that did not come back: the model knocked back, or into NaN), one event "
-            "while the loss has not fallen back; one DOMINANT (10x) beyond every other in "
+            "it, whether or not it came back: the model knocked back, or into NaN), one "
+            "event while the loss has not fallen back; one DOMINANT (10x) beyond every other in "
             "its excess relative to the level before it, or the only one, is a batch that "
             "threw the run (evidence.batch; not within 10 steps after a learning-rate jump "
             "or during a rising ramp): the finding is dated at it and is the cause of the "
@@ -53,9 +53,18 @@ DOC = {
 }
 
 
+def level_before(loss: np.ndarray, h: int) -> np.ndarray:
+    """The loss's level just before each step: the median of the previous ``h`` points (fewer
+    near the start; NaN at the first step, which has nothing before it)."""
+    before = np.lib.stride_tricks.sliding_window_view(
+        np.concatenate([np.full(h, np.nan), loss.astype(np.float64)]), h)[:-1]
+    return _stats.nanmedian(before, axis=1)
+
+
 def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """(spike indices, local median, residual, σ) over the finite part of the series."""
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]:
+    """(spike indices, local median, residual, σ, the level before each step) over the
+    finite part of the series."""
     base = _stats.rolling_median(loss, int(th.window))
     resid = loss - base
     sigma = _stats.mad_sigma(resid)
@@ -65,9 +74,7 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
     # its median lies far below the first losses, which would otherwise all look like spikes
     # (the first step, with nothing before it, never is one).
     h = max(1, int(th.window) // 2)
-    before = np.lib.stride_tricks.sliding_window_view(
-        np.concatenate([np.full(h, np.nan), loss.astype(np.float64)]), h)[:-1]
-    prev = _stats.nanmedian(before, axis=1)  # all-NaN windows (step 0) → NaN
+    prev = level_before(loss, h)
     jump = loss - prev
     thr = th.z * max(sigma, 1e-12)
     # What training has gained so far: the fall from the first half window's level to the
@@ -88,14 +95,16 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
     with np.errstate(invalid="ignore"):
         recovers = ~(later > prev + float(th.recover_frac) * jump)  # NaN (end) counts
         hit &= recovers & ~(np.isnan(later) & (np.arange(len(loss)) < len(loss) - 1))
-    return np.flatnonzero(hit), base, resid, sigma
+    return np.flatnonzero(hit), base, resid, sigma, prev
 
 
 DOMINANT = 10.0
-"""An event (a spike, or a run of consecutive ones) whose excess over the local level,
-relative to that level, is at least this many times every other event's is a batch of its
-own (a corrupt sample), not one of a family: spikes that the loop or the learning rate makes
-are within an order of magnitude of each other, relative to the loss they sit on."""
+"""An event (see :func:`batch_event`) whose excess over the level before it, relative to that
+level, is at least this many times every other event's is a batch of its own (a corrupt
+sample), not one of a family: spikes that the loop or the learning rate makes are within an
+order of magnitude of each other, relative to the loss they sit on."""
+EVENT_GAP = 2
+"""Spikes and throws this close (steps between them) are one event."""
 
 
 def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pattern | None:
@@ -109,28 +118,26 @@ def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pat
     return phase_level(step, dev, _stats.mad_sigma(dev))
 
 
-def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, idx: np.ndarray,
-                sigma: float, th: Thresholds, pattern: Pattern | None
+def batch_event(ctx: Context, step: np.ndarray, loss: np.ndarray, prev: np.ndarray,
+                idx: np.ndarray, sigma: float, th: Thresholds, pattern: Pattern | None
                 ) -> tuple[int | None, int, np.ndarray]:
     """(the index of the batch that threw the run, or None; the index where its event ended:
     the loss back within 1/DOMINANT of the jump, or the series' end; the spike indices).
 
-    Events are spikes and throws (a one-step jump DOMINANT times the spike's relative floor
-    from a loss still at its level, that did not come back within ``recover_steps``: the
-    model knocked back for a while, or into NaN), merged when they come within EVENT_GAP
-    steps of each other (what a knocked model does next is the same event). The batch is
+    Events are spikes and throws (:func:`_throws`); one lasts while the loss has not come
+    back to within 1/DOMINANT of its jump, and takes in the spikes and throws before that or
+    within EVENT_GAP steps of the last (what a knocked model does next). The batch is
     the first step of the event that dominates every other (DOMINANT), or of the only one;
     not one right after a learning-rate jump or during a rising ramp (the rate's doing).
     Throws at the phases of the loop's ``pattern`` are its structure, as its spikes are."""
-    thrown = [t for t in _throws(loss, sigma, th)
+    thrown = [t for t in _throws(loss, prev, sigma, th)
               if pattern is None or not pattern.explains(int(step[t]))]
     idx = np.union1d(idx, thrown).astype(int)
     events: list[tuple[int, float, int]] = []  # (first, excess relative to the level, end)
-    h = max(1, int(th.window) // 2)
     k = 0
     while k < len(idx):
         i0 = int(idx[k])
-        level = float(np.median(loss[max(0, i0 - h):i0])) if i0 else float(loss[i0])
+        level = float(prev[i0]) if i0 else float(loss[i0])
         size = (float(loss[i0]) - level) / max(abs(level), 1e-12)
         # the event lasts while the loss has not come back: every later spike or throw
         # within EVENT_GAP steps, or before the loss fell back to within 1/DOMINANT of
@@ -155,25 +162,17 @@ def batch_event(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, idx: n
     return b, until, idx
 
 
-EVENT_GAP = 2
-"""Spikes and throws this close (steps between them) are one event."""
-
-
-def _throws(loss: np.ndarray, sigma: float, th: Thresholds) -> np.ndarray:
+def _throws(loss: np.ndarray, prev: np.ndarray, sigma: float, th: Thresholds) -> np.ndarray:
     """Indices of one-step jumps to ≥ (1 + DOMINANT × min_rel_jump) × the level before
-    (the median of the previous half window), beyond z σ, from a step still near that level,
+    (``prev``: the median of the previous half window), beyond z σ, from a step still near
+    that level,
     whether or not the loss came back (one that did not is no spike: the model was knocked
     back, or thrown into NaN). Its return is not needed, so it must clear the spike's
     relative floor DOMINANT times over."""
-    h = max(1, int(th.window) // 2)
-    if len(loss) <= h:
-        return np.array([], dtype=int)
-    before = np.lib.stride_tricks.sliding_window_view(loss.astype(np.float64), h)[:-1]
-    prev = np.median(before, axis=1)  # level before index h, h+1, ...
-    t = np.arange(h, len(loss))
-    jump = loss[t] - prev
-    near = loss[t - 1] - prev <= jump / 4
-    hit = (jump > float(th.min_rel_jump) * DOMINANT * np.abs(prev)) & (
+    t = np.arange(max(1, int(th.window) // 2), len(loss))  # (a full half window before)
+    jump = loss[t] - prev[t]
+    near = loss[t - 1] - prev[t] <= jump / 4
+    hit = (jump > float(th.min_rel_jump) * DOMINANT * np.abs(prev[t])) & (
         jump > float(th.z) * sigma) & near
     return t[hit]
 
@@ -183,7 +182,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if series is None:
         return []
     r, step, loss = series
-    idx, base, resid, sigma = find_spikes(step, loss, th)
+    idx, base, resid, sigma, prev = find_spikes(step, loss, th)
     # a rise that keeps an appointment (more than half the cycles at one phase) is design
     pattern = phase_pattern(step, resid / max(sigma, 1e-12), float(th.z)) if len(idx) else None
     if len(idx):  # (or on the log loss: the one that explains more of the spikes)
@@ -198,7 +197,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # one event far beyond all the others (a batch that threw the run) is a different
     # thing from a family of small spikes: the finding is dated at it, and it can be the
     # cause of what follows (causality.py)
-    b, until, idx = batch_event(ctx, r, step, loss, idx, sigma, th, pattern)
+    b, until, idx = batch_event(ctx, step, loss, prev, idx, sigma, th, pattern)
     if not len(idx):
         return [_structure(r, step, by_design, pattern)] if by_design else []
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
@@ -208,7 +207,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         "step": int(step[b]), "loss": float(loss[b]),
         # where the loss was back (or the series' end, or its last finite point: into NaN)
         "until": int(step[min(until, len(step) - 1)]),
-        "level": float(np.median(loss[max(0, b - int(th.window) // 2):b])) if b else None}
+        "level": float(prev[b]) if b else None}
     sev = "error" if len(idx) >= th.error_count else "warning"
     # a learning rate rising into the spikes (a ramp, an endless warm-up) is their cause
     ramp = _changes.lr_ramp(ctx, int(step[first]) - 10, int(step[first]))
