@@ -30,7 +30,7 @@ weights and biases receive the exploded gradient through it)."""
 
 
 def explosion_at_start(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
-    """{onset, cross, from, to, ratio, loss_ratio, name (the subject tensor or None), layers}
+    """{onset, from, to, ratio, loss_ratio, name (the subject tensor or None), layers, big}
     when the run's first ``warmup_steps`` gradient norms hold one far out of proportion."""
     r = _data.primary_rank(ctx, "grad_norm")
     if r is None:
@@ -56,7 +56,7 @@ def explosion_at_start(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     if ratio < big * loss_ratio:
         return None  # the loss was as far from its later level: a far start, not an explosion
     name, layers = _subject(ctx, int(step[i]), big)
-    return {"onset": int(step[i]), "cross": int(step[i]), "from": later, "to": float(g[i]),
+    return {"onset": int(step[i]), "from": later, "to": float(g[i]),
             "ratio": ratio, "loss_ratio": loss_ratio, "name": name, "layers": layers,
             "big": big}
 
@@ -100,7 +100,7 @@ def finding(ctx: Context, res: dict[str, Any], id_: str, advice: str) -> Finding
         id=id_, severity="error", subject=subject, first_step=int(res["onset"]),
         title=f"Gradient explosion at step {res['onset']}",
         message=msg, advice=advice, chart=anchors.GRAD_HEATMAP,
-        evidence={"onset_step": res["onset"], "crossing_step": res["cross"],
+        evidence={"onset_step": res["onset"], "crossing_step": res["onset"],
                   "norm_at_onset": res["from"], "norm_at_crossing": res["to"],
                   "growth_per_step": None, "max_norm": res["to"],
                   "first_nonfinite_step": None, "total_norm_exploded": True,
