@@ -107,7 +107,10 @@ a standard error of 1.2533·σ/√n). Up to ~8,000 (period, phase) pairs are loo
 generated series of heavy-tailed noise (Student-t, 3 degrees of freedom) the largest was
 4.0 standard errors at the median and 5.4 at most; a multi-task loop's phase stands ≥ 10 above."""
 LEVEL_CYCLES = 8
-"""Cycles a phase needs for :func:`phase_level`, whose deviations may each be small."""
+"""Cycles a phase needs for :func:`phase_level`, whose deviations may each be small: with 8
+the median's standard error is 0.44σ, so the 1σ floor is itself 2.3 standard errors and the
+three-in-four test counts at least 6 cycles (with phase_pattern's 4, two chance deviations
+at one phase would pass)."""
 
 
 def _phase_medians(step: np.ndarray, dev: np.ndarray, sigma: float, period: int,

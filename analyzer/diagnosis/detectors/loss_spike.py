@@ -104,7 +104,9 @@ level, is at least this many times every other event's is a batch of its own (a 
 sample), not one of a family: spikes that the loop or the learning rate makes are within an
 order of magnitude of each other, relative to the loss they sit on."""
 EVENT_GAP = 2
-"""Spikes and throws this close (steps between them) are one event."""
+"""Spikes and throws this close (steps between them) are one event: a knocked model's loss
+spikes on the next step or the one after as it settles, while a loop's spikes (every 4th
+step, every N) keep their own events and stay a family."""
 
 
 def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pattern | None:
