@@ -73,3 +73,57 @@ def test_the_rate_is_the_leaks_own_since_it_began(onset: int, seed: int) -> None
     assert res is not None and abs(res["first_step"] - (onset - 1)) <= 2
     assert abs(res["slope"] / rate - 1) < 0.05, res["slope"] / rate
     assert abs(res["growth"] - (res["end"] - res["start"])) < 1  # the message's own numbers
+
+
+def cache_fill(n: int, keys: int, entry: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A per-key cache (one entry per new input shape) under keys drawn at random every
+    step: each step adds an entry only when its key is new, so the counter climbs fast and
+    then ever more slowly as keys repeat (coupon collector), as oneDNN's per-shape kernels
+    do under bf16 autocast with dynamic shapes."""
+    rng = np.random.default_rng(seed)
+    seen: set[int] = set()
+    val = np.empty(n)
+    level = 2e9
+    for i in range(n):
+        for k in rng.integers(0, keys, 4):  # a few shapes a step (one per expert)
+            if int(k) not in seen:
+                seen.add(int(k))
+                level += entry
+        val[i] = level + rng.normal(0, 0.01 * MB)
+    return np.arange(n), val
+
+
+def heap(step: np.ndarray, val: np.ndarray) -> dict | None:
+    """_analyse as detect runs it on heap_bytes."""
+    return memory_leak._analyse(step, val, TH, TH.min_growth_heap_bytes,
+                                TH.min_growth_heap_frac, precise=True)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("keys", [200, 300, 400])
+def test_a_cache_filling_at_a_falling_rate_is_not_a_leak(keys: int, seed: int) -> None:
+    # 1,200 lookups over the run, 3 to 6 per key: the chance that a lookup is new falls as
+    # exp(-lookups/keys), to under a fifth of its first third's by the last third. (With
+    # fewer than ~2 lookups per key the rate has not fallen yet within the run: no window
+    # of it can tell a fill from a leak, and the detector does not claim to.)
+    step, val = cache_fill(300, keys, 0.5 * MB, seed)
+    assert val[-1] - val[30] > 32 * MB  # it grew well past every size threshold
+    assert heap(step, val) is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_leak_on_top_of_a_warmup_fill_is_still_a_leak(seed: int) -> None:
+    # the fill dominates the first steps; the leak's steady rate runs from step 20 to the end
+    step, fill = cache_fill(300, 200, 0.2 * MB, seed)
+    leak = 0.3 * MB * np.clip(step - 20, 0, None)
+    assert heap(step, fill + leak) is not None
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.8, 1.0, 1.5])
+def test_filling_reads_only_a_falling_rate(ratio: float) -> None:
+    # piecewise-linear floors whose rate in the last third is ``ratio`` × the first's
+    rate = np.r_[np.full(17, 1.0), np.full(16, (1 + ratio) / 2), np.full(17, ratio)]
+    y = np.cumsum(rate)
+    assert not memory_leak.filling(y, float(TH.fill_ratio))
+    slowing = np.r_[np.full(17, 1.0), np.full(33, 0.1)]  # a tenth of its rate from 1/3 on
+    assert memory_leak.filling(np.cumsum(slowing), float(TH.fill_ratio))

@@ -42,12 +42,20 @@ DEFAULTS: dict[str, Any] = {
     "min_growth_frac": 0.05,     # ... or below 5% of the starting floor
     "max_p": 0.001,              # Mann–Kendall p-value for a significant rise
     "tail_ratio": 0.3,           # still rising at the end: last-half slope ≥ this × slope
+    # A cache fills at a falling rate (new keys get rarer: oneDNN's per-shape kernels under
+    # bf16 autocast with dynamic shapes, a memo of a bounded dataset); a leak keeps its rate.
+    # Growth over the last third of the analysed steps under this share of the first
+    # third's is a fill. Matrix leaks: ≥ 0.64 (a warm-up fill inside the first third);
+    # healthy fills (MoE + bf16 on CPU, growing 60-340 MiB over 300 steps): ≤ 0.19.
+    "fill_ratio": 0.3,
 }
 DOC = {
     "meaning": "Memory that survives every step keeps growing (host heap in use, host RSS or "
                "CUDA allocated).",
     "rule": "Theil–Sen slope of the per-window memory floor after warm-up is positive, "
-            "significant (Mann–Kendall p < max_p), still rising in the last half, and the "
+            "significant (Mann–Kendall p < max_p), still rising in the last half, not "
+            "slowing down as a cache filling does (the last third's growth at least "
+            "fill_ratio × the first third's), and the "
             "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
             "the device capacity is known. Host: heap_bytes (malloc in use: no allocator "
             "caching, so min_growth_heap_bytes) when it shows the leak, else RSS; onset = where "
@@ -112,6 +120,21 @@ def into_warmup(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> 
     return int(step[i])
 
 
+def filling(y: np.ndarray, ratio: float) -> bool:
+    """Does the series of window floors ``y`` grow at a falling rate: its growth over the
+    last third under ``ratio`` × its growth over the first third? (Levels are medians of
+    three floors, so one window's dip does not decide it.)"""
+    n = len(y)
+    if n < 9:
+        return False
+
+    def level(i: int) -> float:
+        return float(np.median(y[max(0, i - 1):i + 2]))
+
+    first, last = level(n // 3) - level(1), level(n - 2) - level(2 * n // 3)
+    return first > 0 and last < ratio * first
+
+
 def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
              min_growth: float | None = None, min_frac: float | None = None,
              precise: bool = False) -> dict[str, Any] | None:
@@ -137,7 +160,7 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
             and growth >= (th.min_growth_bytes if min_growth is None else min_growth)
             and growth >= (th.min_growth_frac if min_frac is None else min_frac) * max(
                 start, 1.0)
-            and tail_slope >= th.tail_ratio * slope):
+            and tail_slope >= th.tail_ratio * slope and not filling(y, float(th.fill_ratio))):
         return None
     # onset: the last window whose floor is still at the starting level (within a robust
     # noise margin) before it leaves it for good. Not the first window above it: allocator
