@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.onset import steady_onset
 from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
 from . import _oom
 from .base import Context
-from .memory_leak import steady_onset
 
 ID = "cuda_oom"
 NEEDS: tuple[str, ...] = ("memory",)

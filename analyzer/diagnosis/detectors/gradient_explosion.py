@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.onset import hinge, single_jump
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -178,50 +179,6 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
                 "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline))}
     return None
-
-
-def single_jump(x: np.ndarray, j: int, i: int, need: float, w: int, end: int) -> int:
-    """The onset of a rise found at x[j..i] (sustained to ``end``) when one step makes it: a
-    batch that threw the run is dated to its own step, not to the smoothed series' bend or
-    a noise blip a few steps before it.
-
-    The step that takes the series out of its baseline for good (every point from it to
-    ``end`` above the range of the ``w`` points before the onset, and at least half the
-    factor above their median, the height the sustain test asks) must itself rise by the
-    factor, from a point still inside that range. A growth, however fast (3.5, 5.5, 12,
-    273, 5e3 from step 0), has left the range of its first points before its largest step,
-    and keeps its onset; a noisy bias gradient (0.002 to 0.3 from step to step) stays
-    inside its range until the jump."""
-    base = x[max(0, j - w):j + 1]
-    top = float(np.max(base))
-    above = x[j:end] > max(float(np.median(base)) + need / 2, top)
-    below = np.flatnonzero(~above)
-    e = j + (int(below[-1]) + 1 if len(below) else 0)
-    if j < e < end and x[e] - x[e - 1] >= need and x[e - 1] <= top:
-        return e
-    return j
-
-
-def hinge(x: np.ndarray, a: int, b: int, default: int) -> int:
-    """The index τ in [a, b) that best splits x[a:b+1] into a flat level followed by a
-    straight rise (least squares of y = c + k·max(0, t − τ), k > 0); ``default`` when no
-    split fits a rise."""
-    y = x[a:b + 1]
-    n = len(y)
-    if n < 4 or not np.isfinite(y).all():
-        return default
-    t = np.arange(n, dtype=np.float64)
-    taus = np.arange(0, n - 2)
-    h = np.maximum(0.0, t[None, :] - taus[:, None])  # [τ, t]
-    hm = h - h.mean(axis=1, keepdims=True)
-    ym = y - y.mean()
-    var = (hm * hm).sum(axis=1)
-    k = np.where(var > 0, (hm * ym).sum(axis=1) / np.where(var > 0, var, 1.0), 0.0)
-    sse = ((ym[None, :] - k[:, None] * hm) ** 2).sum(axis=1)
-    sse = np.where(k > 0, sse, np.inf)
-    if not np.isfinite(sse).any():
-        return default
-    return a + int(taus[int(np.argmin(sse))])
 
 
 def _nan_after(res: Mapping[str, Any], nan_at: int | None, window: int) -> int | None:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.onset import filling, into_warmup, steady_onset
 from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
@@ -70,69 +71,6 @@ DOC = {
 }
 COUNTERS = ("heap_bytes", "rss_bytes", "cuda_allocated_bytes")
 HOST = ("heap_bytes", "rss_bytes")  # one host finding: the heap's when it shows the leak
-
-
-def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 5
-                 ) -> int | None:
-    """The step where a steady per-step rise begins: from there on, every ``window``
-    consecutive steps have at least half their increments above slope/2 (a counter that
-    grows by about ``slope`` every step, as malloc'd bytes do under a tensor leak). None
-    when the rise is not steady at that resolution (RSS grows in allocator-sized jumps):
-    the window-floor estimate stands then. Isolated jumps before the leak (a flush's
-    buffers) are single increments and do not start it. A pause once the counter has left
-    its starting level (a few slow steps whose samples repeat, an allocator trim) is an
-    interruption of the leak, not a new start: only pauses at the starting level (within
-    a tenth of the whole rise) can come before the leak."""
-    if slope <= 0 or len(val) < 3 * window:
-        return None
-    d = np.diff(val) * (1.0 / np.maximum(np.diff(step), 1))
-    rising = (d > slope / 2).astype(np.float64)
-    frac = np.convolve(rising, np.ones(window) / window, mode="valid")  # forward windows
-    base = float(np.median(val[:window]))
-    near = val[:len(frac)] <= base + 0.1 * max(float(val[-1]) - base, 0.0)
-    low = np.flatnonzero((frac < 0.5) & near)
-    i = int(low[-1]) + 1 if len(low) else 0
-    if i >= len(frac) - window:
-        return None
-    # the first rising increment at or after i is the leak's first effect: it started at
-    # the step before it
-    # (a transient allocation, e.g. a flush's buffer freed right after, rises and falls
-    # back at once: not the leak's start)
-    nxt = np.r_[d[1:], 0.0]
-    up = np.flatnonzero((rising[i:] > 0) & (nxt[i:] > -d[i:] / 2))
-    return int(step[i + int(up[0])]) if len(up) else None
-
-
-def into_warmup(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> int:
-    """A leak dated at the first step the statistics look at may have begun in the warm-up
-    they skip (allocator and caches settling are excluded from the test, not from the
-    leak's history): walk back from ``first`` while every step still rose by more than half
-    the leak's rate, as the leak's own steps do. A warm-up that settled (flat steps before
-    the leak) stops the walk at once."""
-    i = int(np.searchsorted(step, first))
-    if i >= len(step) or step[i] != first:
-        return first
-    while i > 0:
-        gap = max(float(step[i] - step[i - 1]), 1.0)
-        if (float(val[i]) - float(val[i - 1])) / gap <= slope / 2:
-            break
-        i -= 1
-    return int(step[i])
-
-
-def filling(y: np.ndarray, ratio: float) -> bool:
-    """Does the series of window floors ``y`` grow at a falling rate: its growth over the
-    last third under ``ratio`` × its growth over the first third? (Levels are medians of
-    three floors, so one window's dip does not decide it.)"""
-    n = len(y)
-    if n < 9:
-        return False
-
-    def level(i: int) -> float:
-        return float(np.median(y[max(0, i - 1):i + 2]))
-
-    first, last = level(n // 3) - level(1), level(n - 2) - level(2 * n // 3)
-    return first > 0 and last < ratio * first
 
 
 def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,

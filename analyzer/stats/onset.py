@@ -1,0 +1,235 @@
+"""The onset engine (issue 45): where a step series changes regime, in one tested place.
+
+The detectors that date a change of regime take its onset from here or from the two
+structure modules beside it (gradient_explosion: :func:`hinge`, :func:`single_jump`;
+memory_leak and cuda_oom: :func:`steady_onset`, :func:`into_warmup`, :func:`filling`;
+loss_spike: ``periodic``; the step data every loss detector reads: ``shift``), so one
+principle dates them: an onset is the first step of the new regime, found on the series
+itself, never a threshold crossing some steps later. (loss_divergence's "left its best
+level", and the plateau and vanishing-gradient windows, still date by their own rules.)
+
+The kinds of change, each with its primitive:
+
+* **jump** (:func:`single_jump`, :func:`jump_onset`): one step takes the series out of its
+  baseline's range for good. Dated to that step exactly (a batch that threw the run).
+* **growth** (:func:`hinge`, :func:`growth_onset`): a flat level turns into a straight rise.
+  On a log series that is geometric growth (an exploding gradient norm); dated where the
+  growth rate changed, step 0 when there is no calm prefix.
+* **drift** (:func:`steady_onset`, :func:`into_warmup`, :func:`filling`): a counter starts
+  rising steadily step by step (a leak's malloc'd bytes); a rise whose rate keeps falling is
+  a cache filling, not a drift.
+* **level shift** and **periodic pattern**: ``shift.objective_shift`` (every gradient and the
+  loss rescaled at one step) and ``periodic.phase_pattern``/``phase_level`` (a loop's
+  structure by design, and a level that moved under it).
+
+:func:`onsets` runs the first three on one series: what a detector, the report or a user
+reads as "where did this change". Property tests on generated series with known onsets (at
+step 0, mid-run and in the last 5%, at the noise of real runs) live in
+tests/analyzer/test_onset_engine.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import robust as _stats
+
+
+@dataclass(frozen=True)
+class Onset:
+    """One change of regime in a step series."""
+
+    kind: str
+    """``jump``, ``growth`` or ``drift``."""
+    index: int
+    """Position in the series of the new regime's first point."""
+    step: int
+    """The training step of that point."""
+
+
+def single_jump(x: np.ndarray, j: int, i: int, need: float, w: int, end: int) -> int:
+    """The onset of a rise found at x[j..i] (sustained to ``end``) when one step makes it: a
+    batch that threw the run is dated to its own step, not to the smoothed series' bend or
+    a noise blip a few steps before it.
+
+    The step that takes the series out of its baseline for good (every point from it to
+    ``end`` above the range of the ``w`` points before the onset, and at least half the
+    factor above their median, the height the sustain test asks) must itself rise by the
+    factor, from a point still inside that range. A growth, however fast (3.5, 5.5, 12,
+    273, 5e3 from step 0), has left the range of its first points before its largest step,
+    and keeps its onset; a noisy bias gradient (0.002 to 0.3 from step to step) stays
+    inside its range until the jump."""
+    base = x[max(0, j - w):j + 1]
+    top = float(np.max(base))
+    above = x[j:end] > max(float(np.median(base)) + need / 2, top)
+    below = np.flatnonzero(~above)
+    e = j + (int(below[-1]) + 1 if len(below) else 0)
+    if j < e < end and x[e] - x[e - 1] >= need and x[e - 1] <= top:
+        return e
+    return j
+
+
+def hinge(x: np.ndarray, a: int, b: int, default: int) -> int:
+    """The index τ in [a, b) that best splits x[a:b+1] into a flat level followed by a
+    straight rise (least squares of y = c + k·max(0, t − τ), k > 0); ``default`` when no
+    split fits a rise."""
+    y = x[a:b + 1]
+    n = len(y)
+    if n < 4 or not np.isfinite(y).all():
+        return default
+    t = np.arange(n, dtype=np.float64)
+    taus = np.arange(0, n - 2)
+    h = np.maximum(0.0, t[None, :] - taus[:, None])  # [τ, t]
+    hm = h - h.mean(axis=1, keepdims=True)
+    ym = y - y.mean()
+    var = (hm * hm).sum(axis=1)
+    k = np.where(var > 0, (hm * ym).sum(axis=1) / np.where(var > 0, var, 1.0), 0.0)
+    sse = ((ym[None, :] - k[:, None] * hm) ** 2).sum(axis=1)
+    sse = np.where(k > 0, sse, np.inf)
+    if not np.isfinite(sse).any():
+        return default
+    return a + int(taus[int(np.argmin(sse))])
+
+
+
+def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 5
+                 ) -> int | None:
+    """The step where a steady per-step rise begins: from there on, every ``window``
+    consecutive steps have at least half their increments above slope/2 (a counter that
+    grows by about ``slope`` every step, as malloc'd bytes do under a tensor leak). None
+    when the rise is not steady at that resolution (RSS grows in allocator-sized jumps):
+    the window-floor estimate stands then. Isolated jumps before the leak (a flush's
+    buffers) are single increments and do not start it. A pause once the counter has left
+    its starting level (a few slow steps whose samples repeat, an allocator trim) is an
+    interruption of the leak, not a new start: only pauses at the starting level (within
+    a tenth of the whole rise) can come before the leak."""
+    if slope <= 0 or len(val) < 3 * window:
+        return None
+    d = np.diff(val) * (1.0 / np.maximum(np.diff(step), 1))
+    rising = (d > slope / 2).astype(np.float64)
+    frac = np.convolve(rising, np.ones(window) / window, mode="valid")  # forward windows
+    base = float(np.median(val[:window]))
+    near = val[:len(frac)] <= base + 0.1 * max(float(val[-1]) - base, 0.0)
+    low = np.flatnonzero((frac < 0.5) & near)
+    i = int(low[-1]) + 1 if len(low) else 0
+    if i >= len(frac) - window:
+        return None
+    # the first rising increment at or after i is the leak's first effect: it started at
+    # the step before it
+    # (a transient allocation, e.g. a flush's buffer freed right after, rises and falls
+    # back at once: not the leak's start)
+    nxt = np.r_[d[1:], 0.0]
+    up = np.flatnonzero((rising[i:] > 0) & (nxt[i:] > -d[i:] / 2))
+    return int(step[i + int(up[0])]) if len(up) else None
+
+
+def into_warmup(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> int:
+    """A leak dated at the first step the statistics look at may have begun in the warm-up
+    they skip (allocator and caches settling are excluded from the test, not from the
+    leak's history): walk back from ``first`` while every step still rose by more than half
+    the leak's rate, as the leak's own steps do. A warm-up that settled (flat steps before
+    the leak) stops the walk at once."""
+    i = int(np.searchsorted(step, first))
+    if i >= len(step) or step[i] != first:
+        return first
+    while i > 0:
+        gap = max(float(step[i] - step[i - 1]), 1.0)
+        if (float(val[i]) - float(val[i - 1])) / gap <= slope / 2:
+            break
+        i -= 1
+    return int(step[i])
+
+
+
+def filling(y: np.ndarray, ratio: float) -> bool:
+    """Does the series of window floors ``y`` grow at a falling rate: its growth over the
+    last third under ``ratio`` × its growth over the first third? (Levels are medians of
+    three floors, so one window's dip does not decide it.)"""
+    n = len(y)
+    if n < 9:
+        return False
+
+    def level(i: int) -> float:
+        return float(np.median(y[max(0, i - 1):i + 2]))
+
+    first, last = level(n // 3) - level(1), level(n - 2) - level(2 * n // 3)
+    return first > 0 and last < ratio * first
+
+
+
+
+def jump_onset(step: np.ndarray, x: np.ndarray, need: float, w: int = 50) -> Onset | None:
+    """The first step that rises by ``need`` out of the range of the ``w`` points before it
+    and keeps the series above that range for good (:func:`single_jump`'s test); None when
+    no step does. ``x`` holds finite values (a log series for multiplicative jumps)."""
+    n = len(x)
+    for e in np.flatnonzero(np.diff(x) >= need) + 1:
+        e = int(e)
+        if single_jump(x, e - 1, e, need, w, n) == e:
+            return Onset("jump", e, int(step[e]))
+    return None
+
+
+def growth_onset(step: np.ndarray, x: np.ndarray, min_rise: float) -> Onset | None:
+    """Where a flat level turns into a straight rise of at least ``min_rise`` by the end of
+    the series (:func:`hinge` over the whole series; index 0 when the rise has no calm prefix
+    to leave); None when the series does not rise that much from its level before the
+    onset."""
+    n = len(x)
+    if n < 4:
+        return None
+    tau = hinge(x, 0, n - 1, -1)
+    if tau < 0:
+        return None
+    before = float(np.median(x[:tau + 1]))
+    if float(np.median(x[-3:])) - before < min_rise:
+        return None
+    return Onset("growth", tau, int(step[tau]))
+
+
+def drift_onset(step: np.ndarray, x: np.ndarray, fill_ratio: float = 0.3) -> Onset | None:
+    """Where a counter starts rising steadily: :func:`steady_onset` at its robust rate
+    (Theil–Sen over the second half, or over the last tenth for a drift that began there),
+    confirmed by a significant monotone rise from the onset on (Mann–Kendall p < 0.001).
+    None when it does not drift, or when its rise keeps slowing as a cache's filling does
+    (:func:`filling` at ``fill_ratio``)."""
+    n = len(x)
+    if n < 30:
+        return None
+    xs = step.astype(np.float64)
+    tail = max(10, n // 10)
+    slope = max(_stats.theil_sen(xs[n // 2:], x[n // 2:])[0],
+                _stats.theil_sen(xs[-tail:], x[-tail:])[0])
+    if slope <= 0:
+        return None
+    if filling(_stats.bucket_series(xs, x, 50, how="min")[1], fill_ratio):
+        return None
+    at = steady_onset(step, x, float(slope))
+    if at is None:
+        return None
+    i = int(np.searchsorted(step, at))
+    z, p = _stats.mann_kendall(x[i:])
+    if n - i < 8 or z <= 0 or p >= 1e-3:
+        return None
+    return Onset("drift", i, int(at))
+
+
+def onsets(step: np.ndarray, x: np.ndarray, *, need: float = math.log(10),
+           w: int = 50) -> list[Onset]:
+    """Every kind of onset this engine finds in one series, in step order: a jump by
+    ``need``, a growth rising ``need`` and a steady drift (``x`` as the primitives take it:
+    a log series for norms, raw bytes for memory).
+
+    A jump splits the series (binary segmentation at its sharpest change): the growth and
+    drift are looked for in the regime after it, so a batch that threw the run does not
+    pass for the start of a later growth."""
+    jump = jump_onset(step, x, need, w)
+    at = jump.index if jump is not None else 0
+    found = [jump] if jump is not None else []
+    for o in (growth_onset(step[at:], x[at:], need), drift_onset(step[at:], x[at:])):
+        if o is not None and (jump is None or o.index > 0):
+            found.append(Onset(o.kind, o.index + at, o.step))
+    return sorted(found, key=lambda o: o.index)

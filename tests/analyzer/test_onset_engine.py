@@ -1,0 +1,93 @@
+"""The onset engine (analyzer/stats/onset.py) on generated series with known onsets: at the
+run's start, mid-run and in its last 5%, at the noise of real runs. A sharp change (a jump)
+is dated to its step; a gradual one (geometric growth, a steady drift) within 5% of the
+run; a series without a change, or a cache that fills ever more slowly, has no onset."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from tracealyze.analyzer.stats import onset as eng
+
+N = 300
+TOL = int(0.05 * N)  # the issue's ±5% of the run for gradual events
+LN10 = math.log(10)
+# Step-to-step noise of a log gradient norm in the matrix's healthy runs: σ ≈ 0.05 (a large
+# model's total norm) to 0.3 (a small tensor's). Memory counters: noise a tenth to a third
+# of a leak's per-step rate.
+LOG_NOISE = (0.05, 0.15, 0.3)
+ONSETS = (0, N // 2, N - N // 20)  # the start, mid-run, the last 5%
+
+
+def _steps() -> np.ndarray:
+    return np.arange(N, dtype=np.int64) + 1000  # steps need not start at 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("sigma", LOG_NOISE)
+@pytest.mark.parametrize("t0", ONSETS)
+def test_geometric_growth_is_dated_where_the_rate_changed(t0: int, sigma: float,
+                                                          seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    rate = 0.3 if t0 >= N - N // 20 else 0.05  # ×1.35 a step late, ×1.05 mid-run/at start
+    x = rng.normal(0.0, sigma, N) + rate * np.clip(t - t0, 0, None)
+    o = eng.growth_onset(_steps(), x, LN10)
+    assert o is not None and o.kind == "growth"
+    assert abs(o.index - t0) <= TOL, (o.index, t0)
+    assert o.step == 1000 + o.index
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("sigma", LOG_NOISE)
+@pytest.mark.parametrize("t0", (5, N // 2, N - N // 20))
+def test_a_jump_is_dated_to_its_step(t0: int, sigma: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, sigma, N)
+    x[t0:] += math.log(1e3)  # one step multiplies the norm 1000× and it stays there
+    o = eng.jump_onset(_steps(), x, LN10)
+    assert o is not None and o.index == t0
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("noise", (0.1, 0.3))
+@pytest.mark.parametrize("t0", ONSETS)
+def test_a_steady_drift_is_dated_where_it_began(t0: int, noise: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    rate = 80e3  # bytes a step: a small model's loss kept with its graph
+    x = 2e9 + rate * np.clip(t - t0 + 1, 0, None) + rng.normal(0, noise * rate, N)
+    o = eng.drift_onset(_steps(), x)
+    assert o is not None and o.kind == "drift"
+    # (the convention of memory_leak: the step before the first row that shows it; a
+    # drift is gradual, ±5% of the run, and within 2 steps when the noise is small)
+    assert abs(o.index - max(t0 - 1, 0)) <= (2 if noise <= 0.1 else TOL), (o.index, t0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("sigma", LOG_NOISE)
+def test_noise_alone_has_no_onset(sigma: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, sigma, N)
+    assert eng.onsets(_steps(), x) == []
+    assert eng.drift_onset(_steps(), 2e9 + rng.normal(0, 50e3, N)) is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_cache_filling_ever_more_slowly_is_no_drift(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.arange(N)
+    x = 2e9 + 100e6 * (1 - np.exp(-t / 60)) + rng.normal(0, 20e3, N)
+    assert eng.drift_onset(_steps(), x) is None
+
+
+def test_onsets_lists_each_kind_in_step_order() -> None:
+    rng = np.random.default_rng(0)
+    t = np.arange(N)
+    x = rng.normal(0.0, 0.05, N) + 0.05 * np.clip(t - 200, 0, None)
+    x[100:] += math.log(1e3)  # a batch at 100 throws the norm up; growth from 200
+    found = eng.onsets(_steps(), x)
+    assert found[0].kind == "jump" and found[0].index == 100
+    assert any(o.kind == "growth" and abs(o.index - 200) <= TOL for o in found), found
