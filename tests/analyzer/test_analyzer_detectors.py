@@ -254,6 +254,20 @@ def test_loss_plateau_never_learns(tmp_path):
     assert f["severity"] == "warning" and f["first_step"] == 0
 
 
+def test_loss_plateau_quotes_the_lr_a_schedule_cut_during_it(tmp_path):
+    # the loss never moves; a step schedule cuts the LR ×0.1 at 150 and 225 (issue 45:
+    # advice reads the run: the cut is named, not only the first LR)
+    rng = np.random.default_rng(6)
+    s = np.arange(300)
+    lr = 2e-3 * np.where(s >= 150, 0.1, 1.0) * np.where(s >= 225, 0.1, 1.0)
+    run = make_run(tmp_path, steps=300, loss=3.5 + 0.03 * rng.normal(0, 1, 300), lr=lr)
+    (f,) = found(run, "loss_plateau")
+    assert "cut it to 2e-05 (×0.01)" in f["message"], f["message"]
+    const = make_run(tmp_path, name="const", steps=300,
+                     loss=3.5 + 0.03 * rng.normal(0, 1, 300), lr=2e-3)
+    assert "cut it" not in found(const, "loss_plateau")[0]["message"]
+
+
 def test_loss_plateau_late_is_info_and_decreasing_is_nothing(tmp_path):
     s = np.arange(400)
     run = make_run(tmp_path, name="late", steps=400, loss=np.maximum(2 - s / 100, 0.5))

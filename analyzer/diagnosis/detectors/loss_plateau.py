@@ -134,10 +134,17 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if decayed is not None:
         lr_note = f" {decayed['text']}: the schedule, not the model, stopped the learning."
     elif never and lr is not None:
+        at = _lr_during(ctx, first)
         lr_note = (f" The learning rate was {lr['first']:.3g}"
-                   + (" throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})")
+                   + (" throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})"
+                      + (f", {at[0]:.3g} when the plateau began" if at is not None
+                         and not math.isclose(at[0], lr["first"], rel_tol=1e-6) else ""))
                    + ": if the loss fell in the first steps and stalled, it is likely too "
                    "high; if it never moved, too low (or the gradients do not flow).")
+        if at is not None and at[1] < at[0] / 10:
+            lr_note += (f" The schedule then cut it to {at[1]:.3g} (×{at[1] / at[0]:.2g}) "
+                        "while the loss sat on this level: a decay before the model learned "
+                        "keeps it there.")
     chance = chance_level(ctx, level) if never else None
     if chance is not None:
         title = "Loss stuck at chance level"
@@ -157,6 +164,21 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         evidence={"plateau_steps": int(step[-1] - first), "plateau_frac": float(frac),
                   "level": level, "rank": r, "lr": lr, "chance_classes": chance,
                   "lr_decayed": decayed})]
+
+
+def _lr_during(ctx: Context, first: int) -> tuple[float, float] | None:
+    """The learning rate (the run's primary rank's) at the plateau's first step and at the
+    run's end: the advice quotes the rate the plateau had, not the run's first."""
+    r = _data.primary_rank(ctx, "lr")
+    if r is None:
+        return None
+    d = _data.steps(ctx)[r]
+    ok = np.isfinite(d["lr"])
+    step, lr = d["step"][ok], d["lr"][ok]
+    if not len(lr):
+        return None
+    i = min(int(np.searchsorted(step, first)), len(lr) - 1)
+    return float(lr[i]), float(lr[-1])
 
 
 CHANCE_TOL = 0.05
