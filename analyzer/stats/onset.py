@@ -2,7 +2,8 @@
 
 The detectors that date a change of regime take its onset from here or from the two
 structure modules beside it (gradient_explosion: :func:`hinge`, :func:`single_jump`;
-memory_leak and cuda_oom: :func:`steady_onset`, :func:`into_warmup`, :func:`filling`;
+memory_leak and cuda_oom: :func:`regime_start`, :func:`steady_onset`, :func:`into_warmup`,
+:func:`filling`;
 loss_spike: ``periodic``; the step data every loss detector reads: ``shift``), so one
 principle dates them: an onset is the first step of the new regime, found on the series
 itself, never a threshold crossing some steps later. (loss_divergence's "left its best
@@ -15,9 +16,10 @@ The kinds of change, each with its primitive:
 * **growth** (:func:`hinge`, :func:`growth_onset`): a flat level turns into a straight rise.
   On a log series that is geometric growth (an exploding gradient norm); dated where the
   growth rate changed, step 0 when there is no calm prefix.
-* **drift** (:func:`steady_onset`, :func:`into_warmup`, :func:`filling`): a counter starts
-  rising steadily step by step (a leak's malloc'd bytes); a rise whose rate keeps falling is
-  a cache filling, not a drift.
+* **drift** (:func:`regime_start`, :func:`steady_onset`, :func:`into_warmup`,
+  :func:`along_line`, :func:`filling`): a counter starts rising steadily (a leak's malloc'd
+  bytes): the rise that runs to the end, found walking back at its own rate; a rise whose
+  rate keeps falling is a cache filling, not a drift.
 * **level shift** and **periodic pattern**: ``shift.objective_shift`` (every gradient and the
   loss rescaled at one step) and ``periodic.phase_pattern``/``phase_level`` (a loop's
   structure by design, and a level that moved under it).
@@ -113,7 +115,10 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
     frac = np.convolve(rising, np.ones(window) / window, mode="valid")  # forward windows
     base = float(np.median(val[:window]))
     near = val[:len(frac)] <= base + 0.1 * max(float(val[-1]) - base, 0.0)
-    low = np.flatnonzero((frac < 0.5) & near)
+    # (and rose by less than half the rate over the window as a whole: a leak whose size
+    # varies step to step, as dynamic shapes make it, has windows with few large steps)
+    rise = np.convolve(d, np.ones(window), mode="valid")
+    low = np.flatnonzero((frac < 0.5) & (rise < slope * window / 2) & near)
     i = int(low[-1]) + 1 if len(low) else 0
     if i >= len(frac) - window:
         return None
@@ -144,10 +149,34 @@ def into_warmup(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> 
 
 
 
+def along_line(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> int:
+    """A drift dated at ``first`` that ran already before it, in steps of any pattern (a
+    leak every N steps climbs in stairs, not step by step): walk back from ``first`` while
+    the values stay on the drift's own line (Theil–Sen over the drift, from ``first`` on)
+    within the band its own values keep around that line (1st to 99th percentile of the
+    residuals, widened by a quarter). A warm-up that allocated far faster, or a flat level
+    the drift left, leaves the band at once. ``slope`` > 0 says there is a drift."""
+    i = int(np.searchsorted(step, first))
+    if i >= len(step) or step[i] != first or slope <= 0 or len(step) - i < 8:
+        return first
+    xs = step.astype(np.float64)
+    k, c = _stats.theil_sen(xs[i:], val[i:])
+    if k <= 0:
+        return first
+    resid = val - (c + k * xs)
+    lo, hi = np.percentile(resid[i:], [1, 99])
+    pad = 0.25 * float(hi - lo)
+    while i > 0 and lo - pad <= float(resid[i - 1]) <= hi + pad:
+        i -= 1
+    return int(step[i])
+
+
 def filling(y: np.ndarray, ratio: float) -> bool:
     """Does the series of window floors ``y`` grow at a falling rate: its growth over the
-    last third under ``ratio`` × its growth over the first third? (Levels are medians of
-    three floors, so one window's dip does not decide it.)"""
+    last third under ``ratio`` × its growth over the first third, and no more than over the
+    middle third? (A fill slows all along; a fill that stopped, then a leak, grows faster
+    again at the end. Levels are medians of three floors, so one window's dip does not
+    decide it.)"""
     n = len(y)
     if n < 9:
         return False
@@ -155,10 +184,37 @@ def filling(y: np.ndarray, ratio: float) -> bool:
     def level(i: int) -> float:
         return float(np.median(y[max(0, i - 1):i + 2]))
 
-    first, last = level(n // 3) - level(1), level(n - 2) - level(2 * n // 3)
-    return first > 0 and last < ratio * first
+    a, b = n // 3, 2 * n // 3
+    first, mid, last = level(a) - level(1), level(b) - level(a), level(n - 2) - level(b)
+    return first > 0 and last < ratio * first and mid >= last
 
 
+
+
+def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
+    """The index of the last floor before the rise that runs to the end: walk back from the
+    end while the floors' slope over a tenth of the windows stays within a factor 2 of the
+    final third's rate (the leak's own regime: a warm-up that filled faster, or a level it
+    rose from, is not), then the engine's flat-then-rising fit (hinge) places it from
+    just before where the walk stopped. None when the last third does not rise."""
+    n = len(y)
+    m = max(2, n // 10)
+    if n < 3 * m:
+        return None
+    k = float(_stats.theil_sen(x[-(n // 3):], y[-(n // 3):])[0])
+    if k <= 0:
+        return None
+
+    def local(i: int) -> float:
+        j = min(i + m, n - 1)
+        return float(y[j] - y[i]) / max(float(x[j] - x[i]), 1.0)
+
+    i = n - 1 - m
+    while i > 0 and k / 2 <= local(i - 1) <= 2 * k:
+        i -= 1
+    if i == 0:
+        return 0
+    return hinge(y, max(0, i - m), n - 1, i)
 
 
 def jump_onset(step: np.ndarray, x: np.ndarray, need: float, w: int = 50) -> Onset | None:

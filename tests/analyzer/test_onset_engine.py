@@ -91,3 +91,36 @@ def test_onsets_lists_each_kind_in_step_order() -> None:
     found = eng.onsets(_steps(), x)
     assert found[0].kind == "jump" and found[0].index == 100
     assert any(o.kind == "growth" and abs(o.index - 200) <= TOL for o in found), found
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fill_rate", (0.5, 6.0))
+def test_the_final_rise_starts_after_a_warmup_that_filled_and_stopped(fill_rate: float,
+                                                                      seed: int) -> None:
+    # floors of a counter: a warm-up fill (faster than the leak, or slower), a flat level,
+    # then the leak's steady rise to the end from window 30 of 50
+    rng = np.random.default_rng(seed)
+    t = np.arange(50, dtype=np.float64)
+    y = fill_rate * np.minimum(t, 8) + 1.0 * np.clip(t - 30, 0, None) + rng.normal(0, 0.05, 50)
+    tau = eng.regime_start(t * 6, y)
+    assert tau is not None and abs(tau - 30) <= 1, tau
+
+
+def test_a_staircase_from_the_start_is_one_regime() -> None:
+    # +1 every 2 windows from the first: the rise runs from the start
+    y = np.floor(np.arange(50) / 2).astype(np.float64)
+    assert eng.regime_start(np.arange(50.0) * 5, y) == 0
+    assert eng.regime_start(np.arange(50.0), np.zeros(50)) is None  # no rise at all
+
+
+@pytest.mark.parametrize("period", (1, 7, 10, 25))
+def test_a_drift_in_stairs_is_followed_back_along_its_line(period: int) -> None:
+    # +period·100 KiB every ``period`` steps from step 0, with a little noise; dated at
+    # step 30 (where a detector's statistics begin), it is walked back to the start
+    rng = np.random.default_rng(period)
+    step = np.arange(N)
+    val = 2e9 + 100e3 * period * (step // period) + rng.normal(0, 2e3, N)
+    assert eng.along_line(step, val, 30, 100e3) <= period
+    # a flat warm-up before a drift from 60 stops the walk where the drift began
+    flat = 2e9 + 100e3 * np.clip(step - 60, 0, None) + rng.normal(0, 2e3, N)
+    assert abs(eng.along_line(step, flat, 90, 100e3) - 60) <= 2

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
-from ...stats.onset import filling, into_warmup, steady_onset
+from ...stats.onset import along_line, filling, into_warmup, regime_start, steady_onset
 from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
@@ -59,13 +59,15 @@ DOC = {
             "fill_ratio × the first third's), and the "
             "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
             "the device capacity is known. Host: heap_bytes (malloc in use: no allocator "
-            "caching, so min_growth_heap_bytes) when it shows the leak, else RSS; onset = where "
-            "a steady per-step rise begins (else the last window floor at the start level); "
-            "a pause in the rise counts as before the leak only while memory is within a "
-            "tenth of the whole rise above its start (slow steps whose samples stall, or an "
-            "allocator trim, interrupt a leak that has begun: they do not restart it). "
+            "caching, so min_growth_heap_bytes) when it shows the leak, else RSS. Onset: where "
+            "the rise that runs to the end begins (walking back from the end while the "
+            "floors rise within a factor 2 of the last third's rate, then the onset engine's "
+            "flat-then-rising fit from there): a warm-up that filled faster, or stopped, is "
+            "not the leak's start; refined to the last step still at the level before it, "
+            "or the step before its first steadily rising increment within two windows. "
             "The recorder's own profiler windows are discounted: their steps are skipped and "
-            "the level the profiler kept is subtracted from what follows.",
+            "the level the profiler kept is subtracted from what follows, until the "
+            "recorder frees it.",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies.",
 }
@@ -100,30 +102,50 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
                 start, 1.0)
             and tail_slope >= th.tail_ratio * slope and not filling(y, float(th.fill_ratio))):
         return None
-    # onset: the last window whose floor is still at the starting level (within a robust
-    # noise margin) before it leaves it for good. Not the first window above it: allocator
-    # bumps early in a run rise and fall back, and are not the leak's start.
-    noise = _stats.mad_sigma(np.diff(y))
-    margin = max(3 * noise, 0.5 * slope * (x[1] - x[0]) if len(x) > 1 else 0.0)
-    at_start = np.flatnonzero(y <= start + margin)
-    first = int(x[at_start[-1]]) if len(at_start) else int(s[0])
-    # refined on the per-step values after warm-up when the rise is steady (window floors
-    # only place it within a window)
-    steady = steady_onset(s, v, slope)
+    # onset: the change point of the window floors, where a level (flat, or the end of a
+    # warm-up that filled and stopped) turns into the rise that lasts to the end (the onset
+    # engine's best flat-then-rising fit). Not the first window above the starting level:
+    # an allocator's bump or drop earlier in the run moves that level, not the leak's start.
     width = float(x[1] - x[0]) if len(x) > 1 else 1.0
-    # (malloc'd bytes move step by step, so a steady rise there dates the leak better than
-    # window floors, which a one-off allocation earlier can lift; RSS moves in allocator-
-    # sized jumps: there the steady estimate is only a refinement of the floors')
-    if steady is not None and (precise or abs(steady - first) <= max(3 * width,
-                                                                        0.1 * (s[-1] - s[0]))):
-        first = steady
+    noise = _stats.mad_sigma(np.diff(y))
+    margin = max(3 * noise, 0.5 * slope * width)
+    tau = regime_start(x, y)
+    if tau is None:  # no steady final rise: the last floor at the starting level
+        at_start = np.flatnonzero(y <= start + margin)
+        tau = int(at_start[-1]) if len(at_start) else 0
+    # the leak's rate is its rate since it began: a flat stretch before a mid-run onset
+    # would average it down (a 320 KiB-a-step leak from step 150 of 300 read as 200), and
+    # the refinements below read a step as the leak's by that rate
+    if len(x) - tau >= 4 and tau > 0:
+        slope = max(slope, float(_stats.theil_sen(x[tau:], y[tau:])[0]))
+    first = int(s[0])  # a rise from the analysed start has no level before it
+    if tau > 0:
+        # within a window of the change point, on the per-step values: the last step still at
+        # the level before it (the level: the median of the two windows before the rise; at
+        # it: within 3σ of its step-to-step noise, or half a leak step)
+        lo_x = float(x[max(tau - 1, 0)])
+        hi_x = float(x[min(tau + 2, len(x) - 1)]) if tau + 2 < len(x) else float(s[-1]) + 1
+        pre = v[(s >= lo_x) & (s < float(x[tau]) + width)]
+        level = float(np.median(pre)) if len(pre) else float(y[tau])
+        sigma = _stats.mad_sigma(np.diff(pre)) if len(pre) > 2 else 0.0
+        at = np.flatnonzero((s >= lo_x) & (s < hi_x) & (v <= level + max(3 * sigma, slope / 2)))
+        first = int(s[at[-1]]) if len(at) else int(x[tau])
+        # and, when the rise is steady step by step there (malloc'd bytes under a tensor leak),
+        # the step before its first rising increment, taken within two windows of the level's
+        # end: exact where a leak ramps up over a few steps or a one-off allocation just before
+        # it lifted the level
+        from_i = int(np.searchsorted(s, float(x[max(tau - 2, 0)])))
+        steady = steady_onset(s[from_i:], v[from_i:], slope)
+        if steady is not None and abs(steady - first) <= 2 * width:
+            first = steady
     # the leak's rate is its rate since it began: a flat stretch before a mid-run onset
     # would average it down (a 320 KiB-a-step leak from step 150 of 300 read as 200)
     since = x >= first
     if since.sum() >= 4 and first > x[0]:
         slope = max(slope, float(_stats.theil_sen(x[since], y[since])[0]))
     if first <= int(s[0]) + 1:  # the leak runs from where the statistics begin
-        back = into_warmup(step, val, first, slope)
+        back = min(into_warmup(step, val, first, slope),
+                   along_line(step, val, first, slope))
         if back < first:  # its level and growth from there, as the message quotes them
             first, start = back, float(val[int(np.searchsorted(step, back))])
     # the growth quoted is the message's own "from start to end"
@@ -156,17 +178,36 @@ def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
              ) -> tuple[np.ndarray, np.ndarray]:
     """The recorder's own memory taken out: each profiler window's steps (and SETTLE after)
     are dropped, and the level its profiler kept (the settled median after it minus the
-    median before it, when positive) is subtracted from every later value. What the
+    median before it and the training's own trend over the gap, when positive) is
+    subtracted from every later value; when the recorder frees it later (the trace written:
+    a step that falls by half that level at once), the steps up to then are dropped
+    instead. What the
     profiler keeps is a one-off step in the floor, and it is the recorder's, not the
     training's."""
     val = val.astype(np.float64).copy()
     keep = np.ones(len(step), dtype=bool)
     for a, b in sorted(windows):
         ok = np.isfinite(val)
-        pre = val[ok & (step >= a - SETTLE) & (step < a)]
-        post = val[ok & (step > b + SETTLE) & (step <= b + 2 * SETTLE)]
+        pre_at = ok & (step >= a - SETTLE) & (step < a)
+        post_at = ok & (step > b + SETTLE) & (step <= b + 2 * SETTLE)
+        pre, post = val[pre_at], val[post_at]
         if len(pre) and len(post):
-            val[step > b] -= max(0.0, float(np.median(post)) - float(np.median(pre)))
+            # less what the training's own trend added over the gap (a leak running
+            # through the window is not the profiler's): the median per-step change on
+            # either side, times the distance between the two medians' steps
+            sides = [np.diff(val[m]) / np.maximum(np.diff(step[m]), 1) for m in (pre_at, post_at)
+                     if m.sum() > 1]
+            trend = float(np.median(np.concatenate(sides))) if sides else 0.0
+            gap = float(np.median(step[post_at]) - np.median(step[pre_at]))
+            kept = max(0.0, float(np.median(post)) - float(np.median(pre)) - trend * gap)
+            # until the recorder frees it (the trace written, tens of steps later): the
+            # first later step whose value falls by half of it at once
+            after = np.flatnonzero(ok & (step > b + SETTLE))
+            drops = after[1:][np.diff(val[after]) <= -kept / 2] if kept > 0 else after[:0]
+            if len(drops):  # freed: the steps that held it are skipped, nothing moved
+                keep &= ~((step >= a) & (step < step[drops[0]]))
+            else:
+                val[step > b] -= kept
         keep &= ~((step >= a) & (step <= b + SETTLE))
     return step[keep], val[keep]
 
