@@ -141,17 +141,24 @@ def primary_rank(ctx: Context, column: str = "loss") -> int | None:
     return None
 
 
-def finite_loss(ctx: Context, min_steps: int) -> tuple[int, np.ndarray, np.ndarray] | None:
-    """(rank, steps, losses) of the primary rank's finite losses, or None when there are
-    fewer than ``min_steps`` of them."""
-    r = primary_rank(ctx, "loss")
+def finite_series(ctx: Context, column: str, min_steps: int = 1
+                  ) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """(rank, steps, values) of the primary rank's finite values of a steps ``column``, or
+    None when there are fewer than ``min_steps`` of them."""
+    r = primary_rank(ctx, column)
     if r is None:
         return None
     d = steps(ctx)[r]
-    ok = np.isfinite(d["loss"])
-    if ok.sum() < min_steps:
+    ok = np.isfinite(d[column])
+    if ok.sum() < max(1, min_steps):
         return None
-    return r, d["step"][ok], d["loss"][ok]
+    return r, d["step"][ok], d[column][ok]
+
+
+def finite_loss(ctx: Context, min_steps: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """(rank, steps, losses) of the primary rank's finite losses, or None when there are
+    fewer than ``min_steps`` of them."""
+    return finite_series(ctx, "loss", min_steps)
 
 
 def tensor_rank(ctx: Context) -> int | None:

@@ -229,12 +229,10 @@ def _learned_through(ctx: Context, res: Mapping[str, Any]) -> bool:
     onset). That is a learning transition, with or without clipping, not an explosion."""
     if res.get("settled_at") is None or res.get("first_nonfinite") is not None:
         return False
-    r = _data.primary_rank(ctx, "loss")
-    if r is None:
+    series = _data.finite_loss(ctx, 1)
+    if series is None:
         return False
-    d = _data.steps(ctx)[r]
-    ok = np.isfinite(d["loss"])
-    step, loss = d["step"][ok], d["loss"][ok]
+    _, step, loss = series
     at = loss[(step >= res["onset"] - 5) & (step <= res["onset"] + 5)]
     end = loss[step >= max(res["settled_at"], int(step[-1]) - max(10, len(step) // 10))]
     if len(at) < 3 or len(end) < 3:

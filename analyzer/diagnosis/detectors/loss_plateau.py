@@ -169,14 +169,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
 def _lr_during(ctx: Context, first: int) -> tuple[float, float] | None:
     """The learning rate (the run's primary rank's) at the plateau's first step and at the
     run's end: the advice quotes the rate the plateau had, not the run's first."""
-    r = _data.primary_rank(ctx, "lr")
-    if r is None:
+    series = _data.finite_series(ctx, "lr")
+    if series is None:
         return None
-    d = _data.steps(ctx)[r]
-    ok = np.isfinite(d["lr"])
-    step, lr = d["step"][ok], d["lr"][ok]
-    if not len(lr):
-        return None
+    _, step, lr = series
     i = min(int(np.searchsorted(step, first)), len(lr) - 1)
     return float(lr[i]), float(lr[-1])
 
