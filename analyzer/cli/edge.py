@@ -4,9 +4,11 @@ run-directory parameter type. Shared by every command module of the package."""
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from tracealyze.format.storage import is_url
@@ -23,15 +25,34 @@ class BadInput(click.ClickException):
     exit_code = EXIT_BAD_INPUT
 
 
+def reader_gone() -> NoReturn:
+    """The reader of stdout stopped reading (``tracealyze tables RUN | head``): exit 0,
+    quietly, as a pager's or ``head``'s user expects. stdout is pointed at /dev/null first,
+    so that the interpreter's own flush at exit does not fail a second time (the recipe of
+    Python's ``signal`` documentation, without restoring SIGPIPE's default, which would kill
+    the process in the middle of writing a file)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(0)
+
+
 def edge(fn: F) -> F:
-    """Turn library errors into :class:`BadInput` (no traceback)."""
+    """Turn library errors into :class:`BadInput` (no traceback); a closed stdout pipe into
+    a quiet exit 0 (:func:`reader_gone`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from ..errors import TracealyzeError
 
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            sys.stdout.flush()  # (a closed pipe shows here, not at the interpreter's exit)
+            return out
+        except BrokenPipeError:
+            reader_gone()
         except TracealyzeError as e:
             raise BadInput(" ".join(str(e).split())) from e
         except (OSError, UnicodeDecodeError) as e:

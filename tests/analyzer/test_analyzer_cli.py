@@ -204,3 +204,17 @@ def test_all_parts_truncated_is_bad_input(tmp_path, runner):
     for p in r.rglob("part-*.parquet"):
         truncate_part(p)
     assert "unreadable" in bad(runner.invoke(main, ["summary", str(r)]))
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(run):
+    # `tracealyze ... | head -1`: the pipe closes after one line; the command exits 0 with
+    # nothing on stderr (not "Error: BrokenPipeError", exit 2)
+    cmd = [sys.executable, "-c", "from tracealyze.analyzer.cli import main; main()",
+           "query", str(run), "SELECT * FROM range(300000)", "--format", "csv"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert err == ""
