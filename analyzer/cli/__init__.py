@@ -17,7 +17,13 @@ import click
 
 from .edge import EXIT_FAIL_ON, FAIL_ON, RUN_DIR, BadInput, edge
 from .fleet import fleet
+from .output import dict_rows, format_options, write_rows
 from .recording import record, upload
+
+SUMMARY_CSV = ("severity", "id", "subject", "first_step", "title", "message", "advice")
+"""summary --format csv: one row per finding, in rank order."""
+COMPARE_CSV = ("name", "base", "new", "change_pct", "significant", "better", "test")
+"""compare --format csv: one row per compared metric."""
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -40,20 +46,31 @@ def main() -> None:
 
 @main.command()
 @click.argument("run_dir", type=RUN_DIR)
+@format_options("column of a table")
 @edge
-def tables(run_dir: Path) -> None:
+def tables(run_dir: Path, fmt: str) -> None:
     """List the run's tables (views), their columns and row counts.
 
     \b
     Example:
       tracealyze tables runs/exp1
+      tracealyze tables runs/exp1 --format csv
     """
     from ..run.catalog import open_run
 
     with open_run(run_dir) as run:
         listing = run.tables()
         skipped = list(run.skipped_parts)
-    for name, cols, count in listing:
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps([{"table": name, "rows": count,
+                                "columns": [{"name": c, "type": t} for c, t in cols]}
+                               for name, cols, count in listing], indent=1))
+    elif fmt == "csv":
+        write_rows(["table", "column", "type", "table_rows"],
+                   [[name, c, t, count] for name, cols, count in listing for c, t in cols], fmt)
+    for name, cols, count in listing if fmt == "table" else ():
         click.echo(f"{name}  ({count:,} rows)")
         for col, typ in cols:
             click.echo(f"    {col:<22} {typ}")
@@ -125,23 +142,7 @@ def query(run_dirs: tuple[Path, ...], sql: str, fmt: str, allow_files: bool,
         # (said only once the query ran: a failing query ends on its one line)
         for why in getattr(runs, "skipped", ()):
             click.echo(f"warning: skipped {why}", err=True)
-    if fmt == "csv":
-        import csv
-
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(cols)
-        w.writerows(rows)
-    elif fmt == "json":
-        import json
-
-        from ..sql.render import json_value
-
-        click.echo(json.dumps([{c: json_value(v) for c, v in zip(cols, r, strict=True)}
-                               for r in rows], indent=1))
-    else:
-        from ..sql.render import render_table
-
-        click.echo(render_table(cols, rows))
+    write_rows(cols, rows, fmt)
 
 
 def _refuse_unless_read(sql: str) -> None:
@@ -165,7 +166,7 @@ _CONFIG_HELP = "Thresholds file (TOML: [detector] tables, or JSON)."
 
 @main.command()
 @click.argument("run_dir", type=RUN_DIR)
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@format_options("finding")
 @click.option("--fail-on", type=FAIL_ON, default=None,
               help="Exit 1 if a finding is at least this severe (warning, error, critical), "
               "or if a finding of this id is above info (e.g. cuda_oom): a CI gate.")
@@ -177,7 +178,7 @@ _CONFIG_HELP = "Thresholds file (TOML: [detector] tables, or JSON)."
 @click.option("--interval", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
               help="With --watch: seconds between looks.")
 @edge
-def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[str, ...],
+def summary(run_dir: Path, fmt: str, fail_on: str | None, overrides: tuple[str, ...],
             config_file: Path | None, watch: bool, interval: float) -> None:
     """Say what went wrong in a run: ranked findings with evidence and advice.
 
@@ -196,17 +197,19 @@ def summary(run_dir: Path, as_json: bool, fail_on: str | None, overrides: tuple[
 
         try:
             result, _ = watch_summary(run_dir, fail_on=fail_on, interval_s=interval,
-                                      say=(lambda t: click.echo(t, err=True)) if as_json
+                                      say=(lambda t: click.echo(t, err=True)) if fmt != "table"
                                       else click.echo, note=lambda t: click.echo(t, err=True),
                                       overrides=list(overrides), config_file=config_file)
         except KeyboardInterrupt:
             sys.exit(130)
     else:
         result = build_summary(run_dir, list(overrides), config_file=config_file)
-    if as_json:
+    if fmt == "json":
         import json
 
         click.echo(json.dumps(result, indent=1))
+    elif fmt == "csv":
+        write_rows(*dict_rows(result["findings"], SUMMARY_CSV), fmt)
     else:
         click.echo(render_text(result))
     if fail_on and fails(result, fail_on):
@@ -325,7 +328,7 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
 @main.command()
 @click.argument("base", type=RUN_DIR)
 @click.argument("new", type=RUN_DIR)
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@format_options("compared metric")
 @click.option("--fail-on", type=click.Choice(["regression"]), default=None,
               help="Exit 1 on a significant change in the wrong direction beyond --threshold.")
 @click.option("--threshold", type=float, default=5.0, show_default=True,
@@ -334,7 +337,7 @@ def import_trace(traces: tuple[Path, ...], run_dir: Path, keep_raw: bool,
               help="Also write the comparison as one HTML page (curves, distributions, "
                    "kernel diff).")
 @edge
-def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
+def compare(base: Path, new: Path, fmt: str, fail_on: str | None,
             threshold: float, out: Path | None) -> None:
     """Did NEW train worse than BASE? Step time, throughput, data wait, memory, loss,
     gradient norms, GPU time and kernels (when both have profiler traces) and findings,
@@ -357,8 +360,11 @@ def compare(base: Path, new: Path, as_json: bool, fail_on: str | None,
         click.echo(f"wrote {path}", err=True)
     else:
         result = cmp.compare_runs(base, new, threshold=threshold)
-    click.echo(json_.dumps(result, indent=2, allow_nan=False, default=str) if as_json
-               else cmp.render_text(result))
+    if fmt == "csv":
+        write_rows(*dict_rows(result["metrics"], COMPARE_CSV), fmt)
+    else:
+        click.echo(json_.dumps(result, indent=2, allow_nan=False, default=str)
+                   if fmt == "json" else cmp.render_text(result))
     if fail_on and cmp.fails(result, fail_on):
         sys.exit(EXIT_FAIL_ON)
 

@@ -8,11 +8,18 @@ from pathlib import Path
 import click
 
 from .edge import EXIT_FAIL_ON, edge
+from .output import dict_rows, format_options, write_rows
+
+FLEET_CSV = ("run_id", "path", "status", "started", "duration_s", "steps", "world_size",
+             "model_class", "throughput_steps_per_s", "peak_rss_bytes",
+             "peak_cuda_allocated_bytes", "top_finding", "top_severity", "top_subject",
+             "top_first_step", "n_warning", "n_error", "n_critical", "error")
+"""fleet --format csv: one row per run of the index."""
 
 
 @click.command()
 @click.argument("roots", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the fleet as JSON.")
+@format_options("run")
 @click.option("-o", "--output", "out", type=click.Path(path_type=Path), default=None,
               help="Write the fleet page (HTML) there.")
 @click.option("--fail-on", type=click.Choice(["warning", "error", "critical"]), default=None,
@@ -33,7 +40,7 @@ from .edge import EXIT_FAIL_ON, edge
               help="Spark master when no SparkSession is active (default local[*]).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 @edge
-def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str | None,
+def fleet(roots: tuple[str, ...], fmt: str, out: Path | None, fail_on: str | None,
           engine: str, jobs: int | None, index: Path | None, reports: bool,
           spark_master: str | None, quiet: bool) -> None:
     """Analyse every run under ROOT... (directories, globs, s3:// or gs:// prefixes) and
@@ -89,10 +96,12 @@ def fleet(roots: tuple[str, ...], as_json: bool, out: Path | None, fail_on: str 
         click.echo(f"warning: {line}", err=True)
     if out is not None:
         click.echo(f"wrote {out}", err=True)
-    if as_json:
+    if fmt == "json":
         import json
 
         click.echo(json.dumps(result.to_json(), indent=1))
+    elif fmt == "csv":
+        write_rows(*dict_rows(result.to_json()["runs"], FLEET_CSV), fmt)
     else:
         from ..fleet.render import render_text
 
