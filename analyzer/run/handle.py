@@ -10,7 +10,7 @@ from typing import Any, Self
 from tracealyze.format.parts import rank_of
 from tracealyze.format.runmeta import Liveness
 
-from ..sql.safe import read_query
+from ..sql.safe import read_arrow, read_query
 from ..sql.schema import TABLE_NAMES
 
 
@@ -23,6 +23,11 @@ class Views:
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run one read-only SQL statement; ``(column names, rows)``. QueryError on failure."""
         return read_query(self.con, sql)
+
+    def arrow(self, sql: str) -> Any:
+        """The same read as :meth:`query`, as a ``pyarrow.Table``: ``.to_pandas()``, or
+        ``polars.from_arrow(...)``, in a notebook. QueryError on failure."""
+        return read_arrow(self.con, sql)
 
     def close(self) -> None:
         if self.con is not None:

@@ -175,16 +175,37 @@ def check_user_sql(con: Any, sql: str,
 def read_query(con: Any, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one read-only SQL statement over ``con``: ``(column names, rows)``; QueryError
     on failure or on anything but a read."""
+
+    def run() -> tuple[list[str], list[tuple[Any, ...]]]:
+        rel = con.execute(sql)
+        rows = rel.fetchall()
+        return ([d[0] for d in rel.description] if rel.description else []), rows
+
+    return _read(con, sql, run)
+
+
+def read_arrow(con: Any, sql: str) -> Any:
+    """:func:`read_query`'s result as a ``pyarrow.Table`` (for pandas, polars, a notebook);
+    the same checks and errors."""
+
+    def run() -> Any:
+        rel = con.sql(sql)  # (a relation: Arrow without the DB-API result's extra copy)
+        # (duckdb 2 names it to_arrow_table; 1.x arrow)
+        return (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+
+    return _read(con, sql, run)
+
+
+def _read(con: Any, sql: str, run: Any) -> Any:
+    """``run()`` once ``sql`` is checked to be one read (QueryError otherwise, or when it
+    fails; a missing table's message lists the tables there are)."""
     import duckdb
 
     check_user_sql(con, sql, READ_STATEMENTS)
     try:
-        rel = con.execute(sql)
-        rows = rel.fetchall()
-        cols = [d[0] for d in rel.description] if rel.description else []
+        return run()
     except duckdb.Error as e:
         msg = one_line(e)
         if "does not exist" in msg and ("Table" in msg or "table" in msg):
             msg += f" (tables: {', '.join(TABLE_NAMES)})"
         raise QueryError(msg) from e
-    return cols, rows

@@ -82,3 +82,20 @@ def test_json_and_another_format_together_is_one_line_and_exit_2(runs):
     assert res.exit_code == 2
     assert "--json and --format csv disagree" in res.output
     assert "Traceback" not in res.output
+
+
+def test_run_arrow_is_the_same_read_as_query_and_as_guarded(runs):
+    from tracealyze.analyzer import open_run
+    from tracealyze.analyzer.errors import QueryError
+
+    _, a, _ = runs
+    sql = "SELECT step, loss FROM steps ORDER BY step"
+    with open_run(a) as run:
+        cols, rows = run.query(sql)
+        table = run.arrow(sql)
+        assert table.column_names == cols
+        assert [tuple(r.values()) for r in table.to_pylist()] == rows
+        with pytest.raises(QueryError, match="only read statements"):
+            run.arrow("CREATE TABLE x AS SELECT 1")
+        with pytest.raises(QueryError, match="tables: steps"):
+            run.arrow("SELECT * FROM nope")

@@ -73,3 +73,15 @@ def test_fleet_example_runs_on_the_shipped_samples(tmp_path: Path) -> None:
     assert len(json.loads(outs[1].stdout)["runs"]) == len(
         [d for d in samples.iterdir() if (d / "run.json").exists()])
     assert outs[2].returncode == 0 and "nonfinite" in outs[2].stdout
+
+
+def test_notebook_example_reads_a_shipped_sample_as_frames() -> None:
+    # run from the repository's root, as the README says, in a fresh interpreter
+    out = subprocess.run([sys.executable, "-c", example("notebook")], cwd=README.parent,
+                         capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("error gradient_explosion 100 ")  # the summary's first finding
+    assert "('gradient_explosion', 'error', 100)" in lines[-1]  # Analysis(run).findings
+    assert "0.8" in out.stdout  # the steps frame's last rows (lr after the jump)
+    assert "┌" in out.stdout  # the polars frame was built and printed
