@@ -4,7 +4,6 @@ run-directory parameter type. Shared by every command module of the package."""
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,11 +30,9 @@ def reader_gone() -> NoReturn:
     so that the interpreter's own flush at exit does not fail a second time (the recipe of
     Python's ``signal`` documentation, without restoring SIGPIPE's default, which would kill
     the process in the middle of writing a file)."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
+    from ..writes import stdout_to_devnull
+
+    stdout_to_devnull()
     raise SystemExit(0)
 
 
