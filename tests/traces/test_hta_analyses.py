@@ -156,7 +156,7 @@ def test_every_rank_is_analysed_not_only_rank_0(write_trace) -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hta") is None,
-                    reason="HolisticTraceAnalysis not installed (the test extra has it)")
+                    reason="HolisticTraceAnalysis not installed (the hta extra has it)")
 def test_live_hta_agrees_on_every_analysis() -> None:  # pragma: no cover - optional
     # HTA reads its ns-rounding switch at import: run it in a child, exact mode
     proc = subprocess.run(

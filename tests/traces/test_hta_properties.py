@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("hta", reason="HolisticTraceAnalysis is a test extra")
+pytest.importorskip("hta", reason="HolisticTraceAnalysis is the hta extra")
 from hta_live import hta_results, our_results
 from hypothesis import HealthCheck, assume, given, settings
 from kineto_gen import jobs, write_job
