@@ -359,7 +359,13 @@ def compare(base: Path, new: Path, fmt: str, fail_on: str | None,
         path, result = write_compare_report(base, new, out, threshold=threshold)
         click.echo(f"wrote {path}", err=True)
     else:
-        result = cmp.compare_runs(base, new, threshold=threshold)
+        from ..report.progress import Progress
+
+        bar = Progress(total=len(cmp.STAGES), enabled=True, desc="compare")
+        try:  # (a bar on a terminal, after a second; nothing when stderr is piped)
+            result = cmp.compare_runs(base, new, threshold=threshold, progress=bar)
+        finally:
+            bar.finish()
     if fmt == "csv":
         write_rows(*dict_rows(result["metrics"], COMPARE_CSV), fmt)
     else:

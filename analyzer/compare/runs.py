@@ -30,21 +30,29 @@ COMPARE_SCHEMA_VERSION = 1
 DEFAULT_THRESHOLD = 5.0
 
 
+STAGES = ("read both runs", "metrics", "GPU time and kernels", "findings and verdict")
+"""What :func:`compare_runs` tells its ``progress`` as it goes, in order."""
+
+
 def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
-                 threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
-    """The DESIGN.md compare JSON of two runs (paths are opened and closed here)."""
+                 threshold: float = DEFAULT_THRESHOLD, progress: Any = None) -> dict[str, Any]:
+    """The DESIGN.md compare JSON of two runs (paths are opened and closed here).
+    ``progress``: an object with ``step(label)`` (report.progress.Progress, which the CLI
+    shows on a terminal), told each of STAGES once it is done."""
     if threshold < 0 or not math.isfinite(threshold):
         raise ConfigError(f"--threshold must be a percentage ≥ 0, got {threshold!r}")
     if not isinstance(base, Run):
         with open_run(base) as b:
-            return compare_runs(b, new, threshold=threshold)
+            return compare_runs(b, new, threshold=threshold, progress=progress)
     if not isinstance(new, Run):
         with open_run(new) as n:
-            return compare_runs(base, n, threshold=threshold)
+            return compare_runs(base, n, threshold=threshold, progress=progress)
+    done = progress.step if progress is not None else (lambda _label: None)
     # Each run has its own DuckDB connection, and DuckDB and numpy's sorts release the GIL:
     # the two runs are read side by side (1.4x faster on 2 cores for 20M-row runs).
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tracealyze-compare") as ex:
         (sb, db, ta), (sn, dn, tn) = ex.map(_read, (base, new))
+    done(STAGES[0])
     warnings, same_model = comparability(base.meta, new.meta, db, dn)
     metrics = time_metrics(db, dn) + memory_metrics(db, dn)
     if same_model:
@@ -54,9 +62,12 @@ def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
                         "differ")
     if len(db.step) and len(dn.step) and not set(db.step) & set(dn.step):
         warnings.append("the runs share no step numbers: nothing is compared step by step")
+    done(STAGES[1])
     gpu, kernels = gpu_side(ta, tn, metrics, warnings, threshold)
+    done(STAGES[2])
     fdiff = findings_diff(sb, sn)
     verdict, worse, better = judge(metrics, fdiff, threshold)
+    done(STAGES[3])
     return clean_json({
         "schema_version": COMPARE_SCHEMA_VERSION,
         "base": {"run_id": base.run_id, "steps": step_count(base), "path": base.where},

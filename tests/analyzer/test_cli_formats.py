@@ -99,3 +99,18 @@ def test_run_arrow_is_the_same_read_as_query_and_as_guarded(runs):
             run.arrow("CREATE TABLE x AS SELECT 1")
         with pytest.raises(QueryError, match="tables: steps"):
             run.arrow("SELECT * FROM nope")
+
+
+def test_compare_tells_its_progress_each_stage_in_order(runs):
+    from tracealyze.analyzer.compare import runs as cmp
+
+    _, a, b = runs
+    told: list[str] = []
+
+    class Told:
+        def step(self, label: str) -> None:
+            told.append(label)
+
+    result = cmp.compare_runs(a, b, progress=Told())
+    assert told == list(cmp.STAGES)
+    assert result["verdict"] in ("regressed", "improved", "unchanged", "mixed")
