@@ -352,20 +352,21 @@ def compare(base: Path, new: Path, fmt: str, fail_on: str | None,
     import json as json_
 
     from ..compare import runs as cmp
+    from ..report.progress import Progress
 
-    if out is not None:
-        from ..compare.page import write_compare_report
+    bar = Progress(total=len(cmp.STAGES), enabled=True, desc="compare")
+    try:  # (a bar on a terminal, after a second; nothing when stderr is piped)
+        if out is not None:
+            from ..compare.page import write_compare_report
 
-        path, result = write_compare_report(base, new, out, threshold=threshold)
-        click.echo(f"wrote {path}", err=True)
-    else:
-        from ..report.progress import Progress
-
-        bar = Progress(total=len(cmp.STAGES), enabled=True, desc="compare")
-        try:  # (a bar on a terminal, after a second; nothing when stderr is piped)
+            path, result = write_compare_report(base, new, out, threshold=threshold,
+                                                progress=bar)
+        else:
             result = cmp.compare_runs(base, new, threshold=threshold, progress=bar)
-        finally:
-            bar.finish()
+    finally:
+        bar.finish()
+    if out is not None:
+        click.echo(f"wrote {path}", err=True)
     if fmt == "csv":
         write_rows(*dict_rows(result["metrics"], COMPARE_CSV), fmt)
     else:

@@ -84,8 +84,9 @@ def kernel_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def collect_compare(base: Run, new: Run, threshold: float) -> dict[str, Any]:
-    result = compare_runs(base, new, threshold=threshold)
+def collect_compare(base: Run, new: Run, threshold: float, progress: Any = None
+                    ) -> dict[str, Any]:
+    result = compare_runs(base, new, threshold=threshold, progress=progress)
     labels = (label_of(base), label_of(new))
     if labels[0] == labels[1]:
         labels = (f"base · {labels[0]}", f"new · {labels[1]}")
@@ -109,16 +110,16 @@ def collect_compare(base: Run, new: Run, threshold: float) -> dict[str, Any]:
 
 
 def write_compare_report(base_dir: str | Path, new_dir: str | Path, out: str | Path, *,
-                         threshold: float) -> tuple[Path, dict[str, Any]]:
+                         threshold: float, progress: Any = None) -> tuple[Path, dict[str, Any]]:
     """Write the compare page of two runs to ``out``; returns its path and the compare
     result (the JSON ``--json`` prints). RunDirError / ConfigError for bad input,
-    ReportError otherwise."""
+    ReportError otherwise. ``progress``: as compare_runs takes it."""
     out = Path(out)
     if out.is_dir():
         raise ReportError(f"-o {out} is a directory; give a file name (e.g. compare.html)")
     with open_run(base_dir) as base, open_run(new_dir) as new:
         try:
-            model = collect_compare(base, new, threshold)
+            model = collect_compare(base, new, threshold, progress)
         except TracealyzeError:
             raise
         except Exception as exc:
