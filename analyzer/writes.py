@@ -31,6 +31,7 @@ import errno
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -360,18 +361,18 @@ def remove_tree(path: str | Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-__all__: list[Any] = ["DIR_FLAGS", "NEW_FILE_FLAGS", "Dir", "OutputError", "open_path",
-                      "private_dir", "remove_tree", "tmp_name", "write_file"]
-
-
 def stdout_to_devnull() -> None:
     """Point the process's stdout at the null device (``os.devnull``, opened write-only, no
     file created): after the reader of a pipe has gone, so that the interpreter's last
     flush does not fail again. Errors are ignored (stdout may already be closed)."""
-    import sys
-
     try:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, sys.stdout.fileno())
     except (OSError, ValueError):
         pass
+
+
+__all__: list[Any] = ["DIR_FLAGS", "NEW_FILE_FLAGS", "Dir", "OutputError", "open_path",
+                      "private_dir", "remove_tree", "stdout_to_devnull", "tmp_name",
+                      "write_file"]
+

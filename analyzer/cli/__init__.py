@@ -70,10 +70,11 @@ def tables(run_dir: Path, fmt: str) -> None:
     elif fmt == "csv":
         write_rows(["table", "column", "type", "table_rows"],
                    [[name, c, t, count] for name, cols, count in listing for c, t in cols], fmt)
-    for name, cols, count in listing if fmt == "table" else ():
-        click.echo(f"{name}  ({count:,} rows)")
-        for col, typ in cols:
-            click.echo(f"    {col:<22} {typ}")
+    else:
+        for name, cols, count in listing:
+            click.echo(f"{name}  ({count:,} rows)")
+            for col, typ in cols:
+                click.echo(f"    {col:<22} {typ}")
     for path, why in skipped:
         click.echo(f"skipped {path}: {why}", err=True)
 

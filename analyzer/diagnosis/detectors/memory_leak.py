@@ -107,15 +107,16 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
     # engine's best flat-then-rising fit). Not the first window above the starting level:
     # an allocator's bump or drop earlier in the run moves that level, not the leak's start.
     width = float(x[1] - x[0]) if len(x) > 1 else 1.0
-    noise = _stats.mad_sigma(np.diff(y))
-    margin = max(3 * noise, 0.5 * slope * width)
     tau = regime_start(x, y)
-    if tau is None:  # no steady final rise: the last floor at the starting level
+    if tau is None:  # no steady final rise: the last floor at the starting level (within
+        # a robust noise margin, or half a window's growth)
+        margin = max(3 * _stats.mad_sigma(np.diff(y)), 0.5 * slope * width)
         at_start = np.flatnonzero(y <= start + margin)
         tau = int(at_start[-1]) if len(at_start) else 0
     # the leak's rate is its rate since it began: a flat stretch before a mid-run onset
     # would average it down (a 320 KiB-a-step leak from step 150 of 300 read as 200), and
-    # the refinements below read a step as the leak's by that rate
+    # the refinements below read a step as the leak's by that rate (read again below from
+    # the refined onset)
     if len(x) - tau >= 4 and tau > 0:
         slope = max(slope, float(_stats.theil_sen(x[tau:], y[tau:])[0]))
     first = int(s[0])  # a rise from the analysed start has no level before it
@@ -138,8 +139,7 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
         steady = steady_onset(s[from_i:], v[from_i:], slope)
         if steady is not None and abs(steady - first) <= 2 * width:
             first = steady
-    # the leak's rate is its rate since it began: a flat stretch before a mid-run onset
-    # would average it down (a 320 KiB-a-step leak from step 150 of 300 read as 200)
+    # (the rate since the refined onset)
     since = x >= first
     if since.sum() >= 4 and first > x[0]:
         slope = max(slope, float(_stats.theil_sen(x[since], y[since])[0]))
