@@ -167,10 +167,9 @@ def batch_event(ctx: Context, step: np.ndarray, loss: np.ndarray, prev: np.ndarr
 def _throws(loss: np.ndarray, prev: np.ndarray, sigma: float, th: Thresholds) -> np.ndarray:
     """Indices of one-step jumps to ≥ (1 + DOMINANT × min_rel_jump) × the level before
     (``prev``: the median of the previous half window), beyond z σ, from a step still near
-    that level,
-    whether or not the loss came back (one that did not is no spike: the model was knocked
-    back, or thrown into NaN). Its return is not needed, so it must clear the spike's
-    relative floor DOMINANT times over."""
+    that level, whether or not the loss came back (one that did not is no spike: the model
+    was knocked back, or thrown into NaN). Its return is not needed, so it must clear the
+    spike's relative floor DOMINANT times over."""
     t = np.arange(max(1, int(th.window) // 2), len(loss))  # (a full half window before)
     jump = loss[t] - prev[t]
     near = loss[t - 1] - prev[t] <= jump / 4
