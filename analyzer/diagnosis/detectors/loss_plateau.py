@@ -135,12 +135,13 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         lr_note = f" {decayed['text']}: the schedule, not the model, stopped the learning."
     elif never and lr is not None:
         at = _lr_during(ctx, first)
-        lr_note = (f" The learning rate was {lr['first']:.3g}"
-                   + (" throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})"
-                      + (f", {at[0]:.3g} when the plateau began" if at is not None
-                         and not math.isclose(at[0], lr["first"], rel_tol=1e-6) else ""))
-                   + ": if the loss fell in the first steps and stalled, it is likely too "
-                   "high; if it never moved, too low (or the gradients do not flow).")
+        how = " throughout" if lr["constant"] else f" at first (max {lr['max']:.3g})"
+        if not lr["constant"] and at is not None and not math.isclose(
+                at[0], lr["first"], rel_tol=1e-6):
+            how += f", {at[0]:.3g} when the plateau began"
+        lr_note = (f" The learning rate was {lr['first']:.3g}{how}: if the loss fell in the "
+                   "first steps and stalled, it is likely too high; if it never moved, too "
+                   "low (or the gradients do not flow).")
         if at is not None and at[1] < at[0] / 10:
             lr_note += (f" The schedule then cut it to {at[1]:.3g} (×{at[1] / at[0]:.2g}) "
                         "while the loss sat on this level: a decay before the model learned "
