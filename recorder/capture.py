@@ -174,7 +174,9 @@ def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]
     if device.type == "cuda":
         host = torch.empty(flat.shape, dtype=torch.float32, pin_memory=True)
         host.copy_(flat, non_blocking=True)  # the step's one D2H copy, read later
-        event = torch.cuda.Event()  # the writer polls it (rows.wait_for), never spins on it
+        # Blocking-sync: the writer sleeps in the driver until the GPU passes it, instead
+        # of spinning a core (write/devwait.py says what was measured).
+        event = torch.cuda.Event(blocking=True)
         event.record()
         return host, event
     # Other accelerators (MPS, XPU, ...) have no pinned-copy + event path here: this
