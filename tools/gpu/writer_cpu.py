@@ -10,7 +10,8 @@ replaced: a default event, ``query()`` between sleeps of 0.5 ms doubling to 10 m
 With ``run SCRIPT ARGS``, the variant is patched in and
 SCRIPT runs as ``__main__`` (the overhead benchmark, say); without, GPT-2 small trains
 60 + 100 steps under the standard preset and each thread's CPU over the 100 is printed
-(schedstat: every thread of the process, Python's or not), with a profile of the writer.
+(schedstat: every thread of the process, Python's or not), then a cProfile started on the
+writer thread (on Python 3.12 it sees every thread: read it as the whole process).
 """
 
 from __future__ import annotations
