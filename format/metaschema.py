@@ -20,7 +20,7 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "cpu_count": (int, _N),
     "versions": (dict,), "preset": (str, _N), "knobs": (dict, _N), "model": (dict, _N),
     "device": (dict, _N), "resumes": (list,), "counters": (dict,), "exit_code": (int, _N),
-    "data": (dict,),
+    "data": (dict,), "hparams": (dict,),
 }
 """run.json's fields and the JSON types each may hold (``float`` fields take integers)."""
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tracealyze.format.hparams import MAX_KEYS, flatten
 from tracealyze.format.parts import COMPACT_FANOUT
 from tracealyze.format.spool import Spool
 
@@ -28,12 +29,13 @@ from .live.dist import rank_and_world, watch_compute
 from .live.guard import Guard
 from .live.interrupts import HeldInterrupts, say_gave_up
 from .live.process_hooks import ProcessHooks
+from .teardown import abandon, teardown_hooks
 from .tensors import anomaly, clipping
 from .tensors.activations import ActivationCapture
 from .tensors.amp import ScalerHook
 from .tensors.budget import NormBudget
 from .tensors.gradients import GradReader
-from .tensors.hooks import compiled, device_of, remove_all, unwrap_model, wrapped_in_ddp
+from .tensors.hooks import compiled, device_of, unwrap_model, wrapped_in_ddp
 from .tensors.stats import FullStats
 from .training.coverage import Coverage
 from .training.heap import tune_for
@@ -73,9 +75,11 @@ class Recorder:
         preset: Preset = "standard",
         resume: bool = False,
         scaler: Any = None,
+        hparams: Any = None,
         **overrides: Any,
     ) -> None:
         self.config = RecorderConfig.from_preset(preset, **overrides)
+        flat, cut = flatten(hparams) if hparams is not None else ({}, 0)  # (ValueError)
         self.preset = preset
         self._life: StepLifecycle | None = None  # made by _start: closed until then
         check_arguments(run_dir, model, optimizer, scaler, resume)
@@ -112,6 +116,7 @@ class Recorder:
             # metadata files this constructor wrote (no step was recorded yet).
             self._abandon(resume)
             raise
+        self._add_hparams(None, flat, cut)
 
     def _start(self, resume: bool) -> None:
         self._full = FullStats(self.config.stats_chunk_elems)
@@ -165,27 +170,7 @@ class Recorder:
                        from_step=self._rundir.resumed_from)
 
     def _abandon(self, resume: bool) -> None:
-        if self._life is not None:
-            self._life.closed = True
-        try:
-            self._teardown_hooks()
-        except Exception:
-            pass
-        sampler, writer = getattr(self, "_sampler", None), getattr(self, "_writer", None)
-        try:
-            if sampler is not None:
-                sampler.stop()
-            if writer is not None:
-                writer.close()
-            if self._spool is not None:
-                self._spool.close(0.0)
-            if resume:
-                self._rundir.write(self._counters(), status="crashed")
-                self._rundir.lock.release()
-            else:
-                self._rundir.discard()
-        except Exception:
-            pass
+        abandon(self, resume)
 
     # ------------------------------------------------------------------ construction
     def _install_hooks(self) -> None:
@@ -238,6 +223,21 @@ class Recorder:
                      **details: Any) -> None:
         """The uploader's events, taken even while closing (rec.event takes none then)."""
         self._guard("event", self._event, kind, message, severity, None, None, details)
+
+    def log_hparams(self, hparams: Any) -> None:
+        """Add hyperparameters known only now (``{"data.tokens": n}``, a config object):
+        flattened with dots into run.json's ``hparams``, a key given again taking the new
+        value (format/hparams.py says how objects, sizes and odd values are kept)."""
+        if not self._closed:
+            self._guard("hparams", self._add_hparams, hparams)
+
+    def _add_hparams(self, hparams: Any, flat: Any = None, cut: int = 0) -> None:
+        if flat is None:
+            flat, cut = flatten(hparams)
+        cut += self._rundir.add_hparams(flat)
+        if cut:
+            self.event("hparams_truncated", f"{cut} hyperparameter key(s) left out: a run "
+                       f"keeps {MAX_KEYS}", severity="info", dropped=cut)
 
     def watch(self, name: str, tensor: torch.Tensor) -> None:
         """Statistics of any tensor at the current step (kind ``watch``)."""
@@ -332,14 +332,13 @@ class Recorder:
             self._life.data_wait_ended(seconds, batch, sample_ids)
 
     def gradients_ready(self) -> None:
-        """Lifecycle 2: gradients are final for this optimizer step and the weights are not
-        updated yet: read the gradient statistics that are due (and copy the weights at the
-        update-ratio cadence). Idempotent within a step."""
+        """Lifecycle 2: gradients are final, the weights not yet updated: read the gradient
+        statistics due (and copy weights at the update-ratio cadence). Idempotent."""
         if self._life is not None:
             self._life.gradients_ready()
 
     def optimizer_stepped(self) -> None:
-        """Lifecycle 3: the optimizer updated the weights (update ratios; a step whose
+        """Lifecycle 3: the weights were updated (update ratios; a step whose
         :meth:`step_ended` came first is committed now)."""
         if self._life is not None:
             self._life.optimizer_stepped()
@@ -379,13 +378,7 @@ class Recorder:
             self._count_error("exception", e)
 
     def _teardown_hooks(self) -> None:
-        # (also after a start that failed half-way: any of these may not exist yet)
-        life = self._life
-        remove_all([*getattr(self, "_handles", ()), life and life.act, life and life.amp,
-                    getattr(self, "_process", None), getattr(self, "_oom", None)])
-        self._handles = []
-        clipping.uninstall(id(self))
-        anomaly.stop(self)
+        teardown_hooks(self)
 
     def _counters(self) -> dict[str, Any]:
         # (the writer's first flush can come before its constructor returned to us)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tracealyze.format.hparams import MAX_KEYS
 from tracealyze.format.metaschema import check_meta
 from tracealyze.format.parts import (
     data_parts,
@@ -31,7 +32,7 @@ class RunDir:
 
     def __init__(self, path: Path, *, rank: int, world_size: int, preset: str,
                  knobs: dict[str, Any], flush_interval_s: float, resume: bool,
-                 model: nn.Module | None) -> None:
+                 model: nn.Module | None, hparams: dict[str, Any] | None = None) -> None:
         self.path = d = path
         self.rank = rank
         self.notes: dict[str, Any] = {}  # fields for the next write, from any thread
@@ -79,6 +80,9 @@ class RunDir:
             meta["status"], meta["ended"] = "running", None
             meta["knobs"], meta["preset"] = knobs, preset
             meta["schema_version"] = SCHEMA_VERSION  # new parts are written in this format
+        self.hparams: dict[str, Any] = dict(meta.get("hparams") or {}) if resume else {}
+        self.add_hparams(hparams or {})
+        meta["hparams"] = dict(self.hparams)
         self.meta = meta
         self.rank_meta = rank_meta(rank)
         # The run's id is rank 0's: another rank takes it from run.json, or, if it started
@@ -116,6 +120,19 @@ class RunDir:
                 d.rmdir()  # only when empty: never anything else that is there
             except OSError:
                 pass
+
+    def add_hparams(self, flat: dict[str, Any]) -> int:
+        """Merge flattened hyperparameters (``format.hparams.flatten``) into run.json's
+        ``hparams``, later values winning; the number of new keys left out past
+        ``MAX_KEYS``. Written with the next heartbeat, or at close (a crash included)."""
+        dropped = 0
+        for k, v in flat.items():
+            if k in self.hparams or len(self.hparams) < MAX_KEYS:
+                self.hparams[k] = v
+            else:
+                dropped += 1
+        self.note(hparams=dict(self.hparams))
+        return dropped
 
     def note(self, **fields: Any) -> None:
         """Add ``fields`` to this rank's file and run.json at the next write. Callable from
