@@ -110,7 +110,7 @@ def record(command: Sequence[str], *, run_dir: Path | str, preset: str = "standa
         [str(boot_dir()), *filter(None, [env.get("PYTHONPATH")])])
     env["TRACEALYZE_RECORD"] = json.dumps(
         {"run_dir": url or str(Path(run_dir).resolve()), "preset": preset,
-         "knobs": knobs or {}})
+         "knobs": knobs or {}, "command": list(command)})
     targets: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:  # only until the signals are waited for

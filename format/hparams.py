@@ -39,6 +39,16 @@ MAX_DEPTH = 8
 
 Scalar = str | int | float | bool | None
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_SECRET = re.compile(r"(^|_)(token|secret|password|passwd|api_?key|credentials?|"
+                     r"private_?key|access_?key)$", re.IGNORECASE)
+REDACTED = "<redacted>"
+"""The value kept for a text value whose key's last part names a secret (``hub_token``,
+``api_key``, ``password``; not ``max_tokens``, a count): run directories are copied to
+buckets and shared, run.json with them."""
+
+
+def _secret(key: str) -> bool:
+    return bool(_SECRET.search(key.rsplit(".", 1)[-1].replace("-", "_")))
 
 
 def _text(s: str) -> str:
@@ -106,6 +116,8 @@ def flatten(obj: Any, *, prefix: str = "") -> tuple[dict[str, Any], int]:
 
     def put(key: str, value: Any) -> None:
         nonlocal dropped
+        if isinstance(value, str) and _secret(key):
+            value = REDACTED
         if key in out:
             out[key] = value  # (the later value of a key given twice)
         elif len(out) >= MAX_KEYS:
@@ -150,6 +162,51 @@ def _safe_str(v: Any) -> str:
         return _ADDRESS.sub("", str(v))
     except Exception:
         return f"<{type(v).__name__}>"
+
+
+def from_command(argv: Any) -> dict[str, Any]:
+    """What a command line says of a run: ``command`` (the line, shell-quoted) and each
+    ``--name value`` / ``--name=value`` / ``--flag`` option as ``cli.name`` (dashes as
+    underscores; numbers and true/false read as such), the way argparse, click, fire and
+    HF's ``HfArgumentParser`` take them. ``{}`` for anything but a list of strings."""
+    import shlex
+
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return {}
+    shown = list(argv)  # the line as kept: a secret option's value redacted
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        i += 1
+        if not a.startswith("--") or a == "--" or len(a) == 2:
+            continue
+        name, eq, value = a[2:].partition("=")
+        key = f"cli.{name.replace('-', '_')}"[:MAX_KEY_CHARS]
+        if not eq:
+            if i < len(argv) and not argv[i].startswith("--"):
+                value, i = argv[i], i + 1
+                if _secret(key):
+                    shown[i - 1] = REDACTED
+            else:
+                out[key] = True
+                continue
+        elif _secret(key):
+            shown[i - 1] = f"--{name}={REDACTED}"
+        out[key] = REDACTED if _secret(key) else _typed(value)
+    return dict(list({"command": _text(shlex.join(shown)), **out}.items())[:MAX_KEYS])
+
+
+def _typed(s: str) -> Scalar:
+    low = s.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return _scalar(kind(s))[1]
+        except ValueError:
+            pass
+    return _text(s)
 
 
 def type_of(value: Any) -> str:

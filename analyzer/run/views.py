@@ -85,6 +85,7 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
         execute_one(con, f"CREATE VIEW {q}grads AS SELECT rank, step, name, norm, absmax, "
                          f"mean, std, min, max, zero_frac, nonfinite FROM {q}tensor_stats "
                          "WHERE kind = 'grad'")
+        hparams_view(con, run.meta.get("hparams"), q, schema)
         tsql = _view_sql("trace_events", valid["trace_events"])
         if len(run.ranks) > MANY_RANKS:
             tsql = held(con, tsql, held_name("trace_events", schema), HELD_TRACE_ROWS)
@@ -98,3 +99,18 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
                              f"SELECT {cols} FROM ({tsql}) UNION ALL SELECT {cols} FROM {name}")
     except duckdb.Error as e:
         raise RunDirError(f"cannot open the run's tables: {_one_line(e)}") from e
+
+
+def hparams_view(con: Any, hparams: Any, q: str = "", schema: str | None = None) -> None:
+    """The view ``hparams(key, value, type)``: run.json's hyperparameters, one row per key
+    (format/hparams.py). Registered as data, never written into the SQL."""
+    import pyarrow as pa
+    from tracealyze.format.hparams import rows
+
+    got = rows(hparams)
+    table = pa.table({"key": pa.array([r[0] for r in got], pa.string()),
+                      "value": pa.array([r[1] for r in got], pa.string()),
+                      "type": pa.array([r[2] for r in got], pa.string())})
+    name = f"_hparams{'_' + schema if schema else ''}"
+    con.register(name, table)
+    execute_one(con, f"CREATE VIEW {q}hparams AS SELECT key, value, type FROM {name}")

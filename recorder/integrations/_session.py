@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracealyze.format.hparams import flatten
 from tracealyze.format.storage import is_url
 
 from ..config import RecorderConfig
@@ -30,6 +31,11 @@ class Session:
         if run_dir is not None and (not isinstance(run_dir, (str, os.PathLike))
                                     or str(run_dir) == ""):
             raise ValueError(f"run_dir must be a path or None, got {run_dir!r}")
+        knobs = dict(knobs)
+        # The user's own hyperparameters (callback(hparams=...)): checked now, added to the
+        # framework's at the start of each run
+        user = knobs.pop("hparams", None)
+        self.hparams = flatten(user)[0] if user is not None else {}
         config = RecorderConfig.from_preset(preset, **knobs)  # ValueError: bad preset/knob
         self.sample_ids = config.enabled and config.record_sample_ids
         self.run_dir = run_dir
@@ -51,11 +57,14 @@ class Session:
 
     def start(self, default_dir: Path, *, model: Any, optimizer: Any = None, scaler: Any = None,
               loader: Any = None, fetcher: Any = None, drawn: Any = None,
-              resuming: bool = False, capture_loss: bool = True) -> Recorder:
+              resuming: bool = False, capture_loss: bool = True,
+              hparams: dict[str, Any] | None = None) -> Recorder:
         """Open the run: ``run_dir`` if given, else ``default_dir`` (or the first free
         ``default_dir-N`` when a finished run is there and training is not resuming).
         ``fetcher``: an iterator-like object the framework calls ``next()`` on (timed
-        instead of ``loader``), ``drawn`` the sampler tap of its loader (its sample ids)."""
+        instead of ``loader``), ``drawn`` the sampler tap of its loader (its sample ids);
+        ``hparams``: what the framework says the run was configured to do (the user's own,
+        given to the callback, win where a key is in both)."""
         if self.rec is not None:
             self.close()
         if model is None:
@@ -66,8 +75,13 @@ class Session:
         else:
             path = default_dir if resuming else free_dir(default_dir)
         resume = resuming and (is_url(str(path)) or (Path(path) / "run.json").exists())
+        try:
+            hp, _ = flatten(hparams or {})
+        except Exception:  # (a framework's odd config must not stop training)
+            hp = {}
         self.rec = rec = Recorder(path, model=model, optimizer=optimizer, scaler=scaler,
-                                  preset=self.preset, resume=resume, **self.knobs)
+                                  preset=self.preset, resume=resume,
+                                  hparams={**hp, **self.hparams}, **self.knobs)
         if not rec.config.enabled:
             return rec
         self._undo = []

@@ -50,7 +50,15 @@ def config() -> dict[str, Any]:
 def _callback_kwargs() -> dict[str, Any]:
     cfg = config()
     return {"run_dir": cfg.get("run_dir"), "preset": cfg.get("preset", "standard"),
-            **(cfg.get("knobs") or {})}
+            **_knobs(cfg)}
+
+
+def _knobs(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The knobs given to ``tracealyze record``, and the command line it ran as the run's
+    hyperparameters (``command``, ``cli.<option>``)."""
+    from tracealyze.format.hparams import from_command
+
+    return {**(cfg.get("knobs") or {}), "hparams": from_command(cfg.get("command"))}
 
 
 # ---------------------------------------------------------------------- frameworks
@@ -149,7 +157,7 @@ def _open(optimizer: Any) -> None:
     cfg = config()
     model = find_model(optimizer)
     session = Session(cfg.get("run_dir") or "tracealyze-run", cfg.get("preset", "standard"),
-                      dict(cfg.get("knobs") or {}))
+                      _knobs(cfg))
     session.exit_status = "completed"  # a script that returns normally finished its run
     session.loss = _state["loss"]
     rec = session.start(Path(cfg.get("run_dir") or "tracealyze-run"), model=model,

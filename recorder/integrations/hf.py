@@ -65,7 +65,11 @@ class TracealyzeCallback(TrainerCallback):
         self.session.start(
             Path(args.output_dir or ".") / "tracealyze", model=model, optimizer=optimizer,
             scaler=getattr(optimizer, "scaler", None), loader=train_dataloader,
-            resuming=state.global_step > 0)
+            resuming=state.global_step > 0,
+            # TrainingArguments.to_dict() masks the *_token fields; the model's config is
+            # its to_dict() (format/hparams.py bounds what a large config holds)
+            hparams={"args": args, **({"model": model.config} if getattr(
+                model, "config", None) is not None else {})})
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, *,
                               optimizer: Any = None, **kwargs: Any) -> None:

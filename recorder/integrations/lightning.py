@@ -82,7 +82,7 @@ class TracealyzeCallback(*_bases()):  # type: ignore[misc]
             fetcher=getattr(trainer.fit_loop, "_data_fetcher", None),
             drawn=_sample_tap(trainer) if self.session.sample_ids else None,
             loader=loader if _is_loader(loader) else None,
-            resuming=trainer.global_step > 0)
+            resuming=trainer.global_step > 0, hparams=_hparams(trainer, pl_module))
         self._stepped = False
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -145,3 +145,15 @@ def _sample_tap(trainer: Any) -> Any:
 def _is_loader(loader: Any) -> bool:
     return loader is not None and hasattr(type(loader), "__iter__") and \
         not isinstance(loader, (list, tuple, dict))
+
+
+def _hparams(trainer: Any, pl_module: Any) -> dict[str, Any]:
+    """What the run was configured to do: the module's ``hparams`` (save_hyperparameters),
+    the datamodule's, and the trainer's settings that change training."""
+    dm = getattr(trainer, "datamodule", None)
+    settings = {k: getattr(trainer, k, None) for k in (
+        "max_epochs", "max_steps", "accumulate_grad_batches", "precision",
+        "gradient_clip_val", "gradient_clip_algorithm", "world_size", "num_devices")}
+    out = {"model": dict(getattr(pl_module, "hparams", None) or {}),
+           "data": dict(getattr(dm, "hparams", None) or {}), "trainer": settings}
+    return {k: v for k, v in out.items() if v}
