@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tracealyze.format.hparams import differences
+
 from ..diagnosis.analysis import Analysis
 from ..diagnosis.findings import Finding, severity_rank
 from ..diagnosis.summary import all_findings, clean_json, step_count
@@ -74,6 +76,10 @@ def compare_runs(base: Run | str | Path, new: Run | str | Path, *,
         "new": {"run_id": new.run_id, "steps": step_count(new), "path": new.where},
         "comparable": same_model,
         "warnings": warnings,
+        # what the runs were configured to do differently (run.json's hparams)
+        "hparams_changed": [{"key": k, "base": a, "new": b}
+                            for k, a, b in differences(base.meta.get("hparams"),
+                                                       new.meta.get("hparams"))],
         "verdict": verdict,
         "threshold_pct": threshold,
         "significance": TEST,
@@ -221,6 +227,7 @@ def render_text(result: Mapping[str, Any]) -> str:
                 else "")]
     for w in result["warnings"]:
         lines.append(f"  ! {w}")
+    lines += hparams_lines(result.get("hparams_changed") or [])
     lines.append("")
     lines.append(f"{'metric':36} {'base':>14} {'new':>14} {'change':>9}  ")
     for m in result["metrics"]:
@@ -245,6 +252,21 @@ def render_text(result: Mapping[str, Any]) -> str:
 
 
 TEXT_ROWS = 12
+
+
+def hparams_lines(changed: list[Mapping[str, Any]], limit: int = 20) -> list[str]:
+    """What was configured differently: ``  optimizer.lr: 0.001 → 0.003``, at most
+    ``limit`` lines (then how many more)."""
+    if not changed:
+        return []
+    out = [f"configured differently ({len(changed)} hyperparameter(s)):"]
+    for c in changed[:limit]:
+        a = "(unset)" if c["base"] is None else _cut(str(c["base"]), 40)
+        b = "(unset)" if c["new"] is None else _cut(str(c["new"]), 40)
+        out.append(f"  {c['key']}: {a} → {b}")
+    if len(changed) > limit:
+        out.append(f"  … and {len(changed) - limit} more (--format json lists them all)")
+    return out
 
 
 def change_text(m: Mapping[str, Any]) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tracealyze.format.hparams import rows
+
 from ..diagnosis.findings import SEVERITIES, Finding, severity_rank
 
 FLEET_SCHEMA_VERSION = 2
@@ -77,6 +79,8 @@ def _row(run: Any, findings: list[Finding], ranks: list[dict[str, Any]]) -> dict
         "world_size": int(meta.get("world_size") or len(run.ranks) or 1),
         "hosts": hosts,
         "model_class": model.get("class"), "model_parameters": model.get("parameters"),
+        # GROUP BY hparams['optimizer.lr']: each value as the hparams view's text
+        "hparams": {k: v for k, v, _ in rows(meta.get("hparams")) if v is not None},
         "throughput_steps_per_s": (1.0 / med) if med else None,
         "peak_rss_bytes": _one(con, "SELECT max(rss_bytes) FROM memory"),
         "peak_cuda_allocated_bytes": _one(con, "SELECT max(cuda_allocated_bytes) FROM memory"),

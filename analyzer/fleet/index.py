@@ -53,7 +53,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("run_id", _STR), ("path", _STR), ("status", _STR), ("started", _F64),
         ("duration_s", _F64), ("heartbeat", _F64), ("stale_after_s", _F64), ("steps", _I64),
         ("world_size", _I64), ("hosts", pa.list_(_STR)), ("model_class", _STR),
-        ("model_parameters", _I64), ("throughput_steps_per_s", _F64),
+        ("model_parameters", _I64), ("hparams", pa.map_(_STR, _STR)),
+        ("throughput_steps_per_s", _F64),
         ("peak_rss_bytes", _I64), ("peak_cuda_allocated_bytes", _I64),
         ("top_finding", _STR), ("top_severity", _STR), ("top_subject", _STR),
         ("top_first_step", _I64), ("n_info", _I64), ("n_warning", _I64), ("n_error", _I64),
@@ -116,6 +117,9 @@ def _conform(v: Any, typ: pa.DataType) -> Any:
             return float(v) if isinstance(v, (int, float)) else None
         except OverflowError:
             return None
+    if pa.types.is_map(typ):
+        return [(_text(k), _text(x)) for k, x in v.items()
+                if isinstance(k, str) and isinstance(x, str)] if isinstance(v, dict) else None
     if pa.types.is_list(typ) and isinstance(v, list):
         return [x for x in (_conform(i, typ.value_type) for i in v) if x is not None]
     return None
