@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tracealyze.format.hparams import rows as hparam_rows
+
 from ..units import single_line
 from .context import ReportContext
 from .text import human_bytes, human_count, human_duration
@@ -96,6 +98,7 @@ def run_header(run: Any, ctx: ReportContext) -> dict[str, Any]:
         "name": _name(run),
         "status": label, "status_class": cls, "status_detail": detail,
         "fields": fields,
+        "hparams": hparam_rows(meta.get("hparams")),  # (key, value, type) sorted by key
         "skipped_parts": [_skipped(p) for p in (getattr(run, "skipped_parts", None) or [])][:20],
     }
 
