@@ -184,7 +184,7 @@ def from_command(argv: Any) -> dict[str, Any]:
         name, eq, value = a[2:].partition("=")
         key = f"cli.{name.replace('-', '_')}"[:MAX_KEY_CHARS]
         if not eq:
-            if i < len(argv) and not argv[i].startswith("--"):
+            if i < len(argv) and _value(argv[i]):
                 value, i = argv[i], i + 1
                 if _secret(key):
                     shown[i - 1] = REDACTED
@@ -195,6 +195,14 @@ def from_command(argv: Any) -> dict[str, Any]:
             shown[i - 1] = f"--{name}={REDACTED}"
         out[key] = REDACTED if _secret(key) else _typed(value)
     return dict(list({"command": _text(shlex.join(shown)), **out}.items())[:MAX_KEYS])
+
+
+def _value(token: str) -> bool:
+    """Whether ``token`` after ``--name`` is its value: anything but another option (a
+    negative number is a value)."""
+    if not token.startswith("-"):
+        return True
+    return isinstance(_typed(token), (int, float))
 
 
 def _typed(s: str) -> Scalar:

@@ -91,6 +91,14 @@ def test_trainer_records_the_trainers_own_values(tmp_path: Path) -> None:
     assert sorted(steps) == list(range(10)) and logs.evals >= 2
     assert run_json(run)["status"] == "completed"
     assert run_json(run)["data"]["batch_size"] == 4  # per_device_train_batch_size
+    # what the run was configured to do: TrainingArguments and the model's config
+    hp = run_json(run)["hparams"]
+    assert hp["args.learning_rate"] == 2e-3 and hp["args.gradient_accumulation_steps"] == 2
+    assert hp["args.lr_scheduler_type"] == "linear"  # (an enum, kept as its value)
+    assert hp["model.n_layer"] == model.config.n_layer
+    assert hp["model.model_type"] == "gpt2"
+    assert all(v == "<redacted>" for k, v in hp.items()
+               if k.endswith("_token") and isinstance(v, str))
     assert len(logs.train) == 10
     for log in logs.train:
         s = steps[log["step"]]

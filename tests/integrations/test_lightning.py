@@ -47,6 +47,7 @@ class GPTModule(L.LightningModule):
 
     def __init__(self, accumulate: int, spec: str | None = None) -> None:
         super().__init__()
+        self.save_hyperparameters()  # (what the callback records as model.*)
         self.spec = MODELS[spec] if spec else None
         self.model = self.spec.build(0) if self.spec else NanoGPT(0)
         self.accumulate = accumulate
@@ -107,7 +108,7 @@ class Batches(torch.utils.data.Dataset):
 @pytest.mark.parametrize("spec", sorted(MODELS))
 def test_lightning_records_the_values_of_its_training_step(tmp_path: Path, spec: str) -> None:
     module = GPTModule(accumulate=2, spec=spec)
-    cb = TracealyzeCallback(**FAST)
+    cb = TracealyzeCallback(hparams={"data": {"source": "matrix"}}, **FAST)
     loader = torch.utils.data.DataLoader(Batches(spec, 16), batch_size=None)
     val = torch.utils.data.DataLoader(Batches(spec, 2, seed=1), batch_size=None)
     _trainer(tmp_path, cb).fit(module, loader, val)
@@ -115,6 +116,12 @@ def test_lightning_records_the_values_of_its_training_step(tmp_path: Path, spec:
     steps = steps_by_number(run)
     assert sorted(steps) == list(range(8))  # optimizer steps, validation not counted
     assert run_json(run)["status"] == "completed"
+    # the module's save_hyperparameters(), the trainer's settings, the user's own
+    hp = run_json(run)["hparams"]
+    assert (hp["model.accumulate"], hp["model.spec"]) == (2, spec)
+    assert (hp["trainer.max_steps"], hp["trainer.accumulate_grad_batches"],
+            hp["trainer.gradient_clip_val"]) == (8, 2, 0.5)
+    assert hp["data.source"] == "matrix"
     per_param = grad_norms(run)
     clipped = 0
     for i in range(8):
