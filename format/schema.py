@@ -36,6 +36,10 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
     "metrics": (
         ("rank", "int32"), ("step", "int64"), ("name", "dict32"), ("value", "float64"),
     ),
+    "histograms": (
+        ("rank", "int32"), ("step", "int64"), ("name", "dict32"), ("kind", "dict8"),
+        ("numel", "int64"), ("nonfinite", "int64"), ("counts", "int64[]"),
+    ),
     "events": (
         ("rank", "int32"), ("step", "int64"), ("time", "float64"), ("kind", "string"),
         ("severity", "string"), ("subject", "string"), ("message", "string"),

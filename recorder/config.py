@@ -43,6 +43,9 @@ class RecorderConfig:
     """Full gradient statistics (absmax, mean, std, min, max, zero_frac, nonfinite)."""
     param_stats_every: int = 100
     """Full parameter (weight) statistics."""
+    histogram_every: int = 100
+    """Histograms of every gradient and weight over fixed log-spaced bins (the
+    ``histograms`` table; docs/FORMAT.md gives the bins), computed on their device."""
     update_ratio_every: int = 0
     """norm(update)/norm(weight) per parameter; costs one copy of the parameters at those
     steps (needs an optimizer)."""
@@ -273,7 +276,7 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
     # nothing per tensor.
     "minimal": dict(
         grad_norm_every=10, grad_norm_budget=0.005, store_grad_norms=False,
-        tensor_stats_every=0, param_stats_every=0,
+        tensor_stats_every=0, param_stats_every=0, histogram_every=0,
         memory_every=10, system_interval_s=5.0, record_sample_ids=False,
     ),
     # Production default: per-parameter grad norm every step (sparser only where reading the
@@ -281,13 +284,14 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
     # steps, one short profiler window early in the run.
     "standard": dict(
         grad_norm_every=1, grad_norm_budget=0.005, store_grad_norms=True,
-        tensor_stats_every=100, param_stats_every=100,
+        tensor_stats_every=100, param_stats_every=100, histogram_every=100,
         memory_every=1, system_interval_s=1.0, profile_start=50, profile_every=0,
     ),
     # Everything, more often: update ratios, activation statistics, per-step NaN tracing.
     "debug": dict(
         grad_norm_every=1, store_grad_norms=True, tensor_stats_every=25, param_stats_every=25,
-        update_ratio_every=25, activation_stats_every=25, activation_nonfinite=True,
+        histogram_every=25, update_ratio_every=25, activation_stats_every=25,
+        activation_nonfinite=True,
         memory_every=1, system_interval_s=1.0, profile_start=20, profile_every=1000,
         flush_interval_s=5.0, anomaly_mode="after_nonfinite", memory_history=100_000,
         memory_history_at=0.8, zero_nonfinite_grads=True,
@@ -339,8 +343,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                 "handle_sigterm", "tune_malloc", "report_to",
                 "peak_flops"),
     "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",
-              "tensor_stats_every", "param_stats_every", "update_ratio_every",
-              "stats_chunk_elems"),
+              "tensor_stats_every", "param_stats_every", "histogram_every",
+              "update_ratio_every", "stats_chunk_elems"),
     "activations": ("activation_stats_every", "activation_nonfinite"),
     "sampling": ("memory_every", "memory_history", "memory_history_at", "system_interval_s",
                  "record_sample_ids"),

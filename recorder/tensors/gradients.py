@@ -16,6 +16,7 @@ from ..capture import Piece, StepAccum
 from ..config import RecorderConfig
 from . import stats
 from .budget import NormBudget
+from .histogram import Histograms
 from .stats import FullStats, NormPlan, norms
 from .update_guard import zero_if_nonfinite
 
@@ -79,6 +80,7 @@ class GradReader:
         self.grad_stats = True  # full gradient statistics on this rank (see Recorder)
         self.config = config
         self.full = full
+        self.hist = Histograms(config.stats_chunk_elems)
         self.layout: GradLayout | None = None
         self.snapshot: list[torch.Tensor] | None = None
         self.budget = NormBudget(config.grad_norm_budget, config.grad_norm_every)
@@ -196,6 +198,24 @@ class GradReader:
             ps = local_shards([p.detach() for p in self.params])
             acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self.named),
                           tuple(p.numel() for p in ps)), self.full(ps))
+        if due(cfg.histogram_every, acc.step):
+            self._histograms(acc)
+
+    def _histograms(self, acc: StepAccum) -> None:
+        """Histograms of the step's gradients (as rank 0 writes their statistics) and of
+        the weights, one device at a time (histogram.py)."""
+        grads, layout = self._grads() if self.grad_stats else ([], None)
+        for label, names, ts in (
+                ("hist_grad", layout.names if layout else (), grads),
+                ("hist_param", tuple(n for n, _ in self.named),
+                 local_shards([p.detach() for p in self.params]))):
+            by_dev: dict[Any, list[int]] = {}
+            for i, t in enumerate(ts):
+                if t.is_floating_point():
+                    by_dev.setdefault(t.device, []).append(i)
+            for idx in by_dev.values():
+                acc.add(*self.hist.piece(label, tuple(names[i] for i in idx),
+                                         [ts[i] for i in idx]))
 
     def guard_update(self, acc: StepAccum) -> None:
         """Before the optimizer update, once a step: ``zero_nonfinite_grads``

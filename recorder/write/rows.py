@@ -22,6 +22,7 @@ from ..tensors.backward import origin
 from ..training.throughput import throughput_columns
 from .buffers import Codes
 from .devwait import wait_for
+from .hist_rows import hist_columns
 from .schema import STAT_COLUMNS
 
 if TYPE_CHECKING:
@@ -148,6 +149,9 @@ def _rows(run: Sequence[StepItem], ctx: StepRows) -> _Out:
                 # on a projection, every step): nothing proves a module made a NaN/Inf.
                 if (bad[r] & ~late).any():
                     _activation_nonfinite(out, ctx.nonfinite_state, run[r], piece, bad[r])
+        elif label.startswith("hist_"):
+            out += [("histograms", hist_columns(it.step, it.pieces[j], block[r]))
+                    for r, it in enumerate(run)]
         elif label != "act_sat":  # (the saturated shares join their activation rows)
             nxt = first.pieces[j + 1] if j + 1 < len(first.pieces) else None
             sat = mat[:, off: off + nxt.n] if nxt is not None and nxt.label == "act_sat" \
