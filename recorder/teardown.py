@@ -1,18 +1,16 @@
 """Taking a recorder's hooks and threads back out of the training process: at close, and
-after a start that failed half-way (when any of them may not exist yet)."""
+after a start that failed half-way (when any of them may not exist yet). ``rec`` is the
+:class:`~.recorder.Recorder` (not imported here: it imports this module)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .tensors import anomaly, clipping
 from .tensors.hooks import remove_all
 
-if TYPE_CHECKING:
-    from .recorder import Recorder
 
-
-def abandon(rec: Recorder, resume: bool) -> None:
+def abandon(rec: Any, resume: bool) -> None:
     """Take back what a start that failed half-way installed: hooks, threads, and for a new
     run the metadata files its constructor wrote (no step was recorded yet), so that a
     retry is not refused; a resumed run is marked crashed."""
@@ -39,7 +37,7 @@ def abandon(rec: Recorder, resume: bool) -> None:
         pass
 
 
-def teardown_hooks(rec: Recorder) -> None:
+def teardown_hooks(rec: Any) -> None:
     """Remove every hook the recorder installed."""
     # (also after a start that failed half-way: any of these may not exist yet)
     life = rec._life

@@ -68,6 +68,12 @@ def _training(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
     return [("training", "Training", training_charts(ctx) + tensor_charts(ctx))]
 
 
+def _distributions(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
+    from .charts.histograms import histogram_charts
+
+    return [("histograms-section", "Distributions", histogram_charts(ctx))]
+
+
 def _performance(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
     from .charts.perf import perf_charts
 
@@ -86,6 +92,7 @@ def _profiler(ctx: ReportContext) -> list[tuple[str, str, list[Chart]]]:
 SECTIONS: tuple[tuple[str, Callable[[ReportContext], list[tuple[str, str, list[Chart]]]]],
                 ...] = (
     ("training charts", _training),
+    ("distributions", _distributions),
     ("performance charts", _performance),
     ("profiler", _profiler),
 )

@@ -13,6 +13,7 @@ from ..sql.safe import execute_one, ident, sandbox
 from ..sql.schema import TABLE_NAMES, TABLES
 from . import inplace, shards
 from .held import HELD_TRACE_ROWS, HOLD_PARTS, MANY_RANKS, held, held_name, hold_parts
+from .meta_views import bins_view, hparams_view
 from .raw_traces import load_raw_traces
 from .view_sql import view_sql as _view_sql
 
@@ -86,6 +87,7 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
                          f"mean, std, min, max, zero_frac, nonfinite FROM {q}tensor_stats "
                          "WHERE kind = 'grad'")
         hparams_view(con, run.meta.get("hparams"), q, schema)
+        bins_view(con, q, schema)
         tsql = _view_sql("trace_events", valid["trace_events"])
         if len(run.ranks) > MANY_RANKS:
             tsql = held(con, tsql, held_name("trace_events", schema), HELD_TRACE_ROWS)
@@ -100,17 +102,3 @@ def build_views(con: Any, run: Run, valid: dict[str, list[tuple[Path, Any]]],
     except duckdb.Error as e:
         raise RunDirError(f"cannot open the run's tables: {_one_line(e)}") from e
 
-
-def hparams_view(con: Any, hparams: Any, q: str = "", schema: str | None = None) -> None:
-    """The view ``hparams(key, value, type)``: run.json's hyperparameters, one row per key
-    (format/hparams.py). Registered as data, never written into the SQL."""
-    import pyarrow as pa
-    from tracealyze.format.hparams import rows
-
-    got = rows(hparams)
-    table = pa.table({"key": pa.array([r[0] for r in got], pa.string()),
-                      "value": pa.array([r[1] for r in got], pa.string()),
-                      "type": pa.array([r[2] for r in got], pa.string())})
-    name = f"_hparams{'_' + schema if schema else ''}"
-    con.register(name, table)
-    execute_one(con, f"CREATE VIEW {q}hparams AS SELECT key, value, type FROM {name}")

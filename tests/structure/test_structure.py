@@ -160,7 +160,7 @@ def test_analyzer_imports_point_only_downward() -> None:
 # The recorder's rooms and top-level modules, lowest first (CONTRIBUTING.md's map): a module
 # may import its own room and those below it, never one above.
 RECORDER_LAYERS = ["config", "capture", "live", "tensors", "training", "write", "stepstate",
-                   "lifecycle", "recorder", "integrations"]
+                   "lifecycle", "teardown", "recorder", "integrations"]
 RECORDER_ROOMS = {"live", "tensors", "training", "write", "integrations"}
 
 
