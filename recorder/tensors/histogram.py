@@ -30,6 +30,15 @@ MAX_CHUNK = 1 << 22
 ``histc``'s float32 counts are exact."""
 
 
+def _on(device: torch.device, values: list, dtype: torch.dtype) -> torch.Tensor:
+    """A small index tensor on ``device`` without a sync: staged in pinned memory and
+    copied non-blocking (a copy from pageable memory waits for the device)."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class _Plan:
     """Where each tensor's elements go: chunks of (tensor index, start, stop) slices, and
     per chunk the slot offsets to repeat over its slices."""
@@ -50,9 +59,9 @@ class _Plan:
                     cur, room = [], chunk
         if cur:
             self.chunks.append(cur)
-        self.offsets = [torch.tensor([float(i * NBINS) for i, _, _ in c], device=device)
+        self.offsets = [_on(device, [float(i * NBINS) for i, _, _ in c], torch.float32)
                         for c in self.chunks]
-        self.lengths = [torch.tensor([b - a for _, a, b in c], device=device)
+        self.lengths = [_on(device, [b - a for _, a, b in c], torch.int64)
                         for c in self.chunks]
         self.sizes = [sum(b - a for _, a, b in c) for c in self.chunks]
 

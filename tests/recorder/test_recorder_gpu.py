@@ -29,8 +29,8 @@ def test_standard_preset_makes_no_host_device_sync(tmp_path: Path) -> None:
     n_warm, n = 3, 40
     run_dir = tmp_path / "run"
     with Recorder(run_dir, model=model, optimizer=opt, preset="standard",
-                  tensor_stats_every=5, param_stats_every=5, profile_start=0,
-                  flush_interval_s=0.1) as rec:
+                  tensor_stats_every=5, param_stats_every=5, histogram_every=5,
+                  profile_start=0, flush_interval_s=0.1) as rec:
         try:
             for i in range(n):
                 x, y = data[i % len(data)]
@@ -48,6 +48,9 @@ def test_standard_preset_makes_no_host_device_sync(tmp_path: Path) -> None:
             torch.cuda.set_sync_debug_mode(0)
         assert rec.errors == 0
     steps = steps_by_number(run_dir)
+    hist = rows(run_dir, "histograms")
+    assert {r["step"] for r in hist} == set(range(0, n, 5))
+    assert all(sum(r["counts"]) + r["nonfinite"] == r["numel"] for r in hist)
     assert sorted(steps) == list(range(n))
     assert all(s["loss"] is not None and s["grad_norm"] > 0 for s in steps.values())
     mem = rows(run_dir, "memory")
@@ -73,6 +76,19 @@ def test_cuda_statistics_match_cpu() -> None:
     np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=1e-5, equal_nan=True)
     np.testing.assert_allclose(norms([t.cuda() for t in ts]).cpu().numpy(),
                                norms(ts).numpy(), rtol=1e-5, equal_nan=True)
+
+
+def test_cuda_histograms_match_cpu() -> None:
+    from tracealyze.recorder.tensors.histogram import Histograms
+
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(3000, generator=g) * 10 ** torch.empty(3000).uniform_(-14, 8,
+                                                                             generator=g),
+          torch.tensor([0.0, float("nan"), float("inf"), -float("inf"), 1e-13]),
+          torch.randn(64, 64, generator=g).bfloat16(), torch.empty(0)]
+    h = Histograms(chunk_elems=1000)  # (tensors cut across chunks)
+    np.testing.assert_array_equal(h.counts([t.cuda() for t in ts]).cpu().numpy(),
+                                  h.counts(ts).numpy())
 
 
 def test_memory_rows_hold_the_users_memory_at_the_step_end(tmp_path: Path) -> None:
