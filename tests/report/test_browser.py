@@ -98,3 +98,43 @@ def test_report_renders_in_chromium(browser: Any, reports: dict[str, Path], name
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
     finally:
         page.close()
+
+
+def test_distributions_and_hyperparameters_render(browser: Any, tmp_path: Path) -> None:
+    """A recorded run with histograms and hparams: each Distributions heatmap is drawn, with
+    hover text, and the hyperparameters table shows the run's values."""
+    import torch
+    from tracealyze.analyzer.report.page import write_report
+    from tracealyze.recorder import Recorder
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Recorder(tmp_path / "run", model=model, optimizer=opt, histogram_every=5,
+                  system_interval_s=0, hparams={"optimizer": {"lr": 0.05}}) as rec:
+        for _ in range(40):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+    page, errors, requests = _open(browser, write_report(tmp_path / "run", tmp_path / "r.html",
+                                                         progress=False))
+    try:
+        drawn = page.evaluate("""() => Array.from(document.querySelectorAll(
+            '#histograms-section .plot')).map(el => !!el.querySelector('.main-svg'))""")
+        assert len(drawn) == 4 and all(drawn), drawn  # weights and gradients, 2 groups each
+        assert not errors and not requests, (errors, requests)
+        assert "optimizer.lr" in page.locator("#hparams-table").inner_text()
+        pid = page.evaluate("() => document.querySelector('#histograms-section .plot').id")
+        page.locator(f"#{pid}").scroll_into_view_if_needed()
+        box = page.locator(f"#{pid} .nsewdrag").first.bounding_box()
+        label = ""
+        for frac in (0.5, 0.52, 0.7, 0.72):
+            page.mouse.move(box["x"] + box["width"] * frac, box["y"] + box["height"] * 0.5)
+            page.wait_for_timeout(120)
+            label += page.evaluate(f"""() => Array.from(document.querySelectorAll(
+                '#{pid} .hoverlayer .hovertext')).map(e => e.textContent).join(' ')""")
+        assert "step" in label and "bin from" in label, label
+    finally:
+        page.close()
