@@ -20,6 +20,7 @@ the warm-up plus the background CPU spent then: the window's profiling, export a
     python benchmarks/overhead.py --workload mlp --rounds 5 --steps 60
     python benchmarks/overhead.py --workload mlp --mlp-batch 720   # ~50 ms steps (2026-11-23)
     python benchmarks/overhead.py --device cuda --workload gpt2,gpt --configs aa,standard
+    python benchmarks/overhead.py --workload mlp --configs standard,standard+histogram_every=0
 
 On CUDA each timed step ends with ``torch.cuda.synchronize()`` (the harness's, so that a
 step's time is its GPU work too; the recorder itself adds no sync) and matmuls use TF32.
@@ -28,6 +29,7 @@ step's time is its GPU work too; the recorder itself adds no sync) and matmuls u
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import json
 import statistics
@@ -95,8 +97,11 @@ def one_round(workload: str, config: str, steps: int, warmup: int, seed: int,
     before = {t.ident for t in threading.enumerate()}
     tmp = tempfile.mkdtemp(prefix=f"tz-bench-{workload}-{config}-")
     logger = None
-    if config in ("minimal", "standard", "debug"):
-        logger = Recorder(Path(tmp) / "run", model=model_b, optimizer=opt_b, preset=config)
+    preset, *knobs = config.split("+")  # "standard+histogram_every=0": a preset's knob set
+    if preset in ("minimal", "standard", "debug"):
+        overrides = {k: ast.literal_eval(v) for k, v in (kv.split("=", 1) for kv in knobs)}
+        logger = Recorder(Path(tmp) / "run", model=model_b, optimizer=opt_b, preset=preset,
+                          **overrides)
     elif config == "tensorboard":
         logger = HandRolledTB(tmp, model_b)
     # The logger's own background threads (writer, sampler): their CPU is charged to it.
