@@ -107,6 +107,13 @@ def _column(pieces: list[Any], counts: list[int], typ: pa.DataType) -> pa.Array:
         return pa.nulls(sum(counts), type=typ)
     if pa.types.is_dictionary(typ):
         return _dictionary_column(pieces, counts, typ)
+    if pa.types.is_list(typ) and all(isinstance(p, np.ndarray) and p.ndim == 2
+                                     for p in pieces):  # (histograms: a row per tensor)
+        flat = np.concatenate([p.reshape(-1) for p in pieces])
+        lengths = np.concatenate([np.full(p.shape[0], p.shape[1]) for p in pieces])
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(
+            flat.astype(typ.value_type.to_pandas_dtype())), type=typ)
     if pa.types.is_list(typ):  # (sample ids: a list per row, None = null)
         return pa.array([v for p, n in zip(pieces, counts, strict=True)
                          for v in (p if p is not None else [None] * n)], type=typ)

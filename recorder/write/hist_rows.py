@@ -25,4 +25,4 @@ def hist_columns(step: int, p: Piece, seg: np.ndarray) -> dict[str, Any]:
             "name": Codes(p.names, np.arange(n, dtype=np.int32)),
             "kind": Codes((p.label.removeprefix("hist_"),), np.zeros(n, np.int32)),
             "numel": numel, "nonfinite": numel - counts.sum(axis=1),
-            "counts": list(counts)}
+            "counts": counts}  # ([tensors, NBINS]: one list per row, buffers.py)

@@ -36,6 +36,19 @@ def test_framework_example_records_its_steps(tmp_path: Path, name: str, module: 
     assert all(s["loss"] is not None and s["grad_norm"] is not None for s in steps.values())
 
 
+def test_sweep_example_records_hparams_and_histograms(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", example("sweep")], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "{'key': 'optimizer.lr', 'base': '0.1', 'new': '0.01'}" in out.stdout
+    assert "batch_size" in out.stdout and "optimizer.name" in out.stdout
+    for lr in ("0.1", "0.01"):
+        meta = run_json(tmp_path / "runs" / f"lr-{lr}")
+        assert meta["hparams"]["optimizer.lr"] == float(lr)
+    # the histogram printed: 8 x 16 gradient elements over the bins they fall in
+    assert out.stdout.count("e-") >= 2 and " n" in out.stdout
+
+
 def test_record_example_runs_the_first_command(tmp_path: Path) -> None:
     line = example("record").splitlines()[0]
     assert line.startswith("tracealyze record --run-dir runs/plain -- python train.py")
