@@ -45,8 +45,14 @@ def test_sweep_example_records_hparams_and_histograms(tmp_path: Path) -> None:
     for lr in ("0.1", "0.01"):
         meta = run_json(tmp_path / "runs" / f"lr-{lr}")
         assert meta["hparams"]["optimizer.lr"] == float(lr)
-    # the histogram printed: 8 x 16 gradient elements over the bins they fall in
-    assert out.stdout.count("e-") >= 2 and " n" in out.stdout
+    # the histogram printed: the 16 x 8 first-layer gradient elements over their bins
+    assert "lower" in out.stdout and "upper" in out.stdout
+    from tracealyze.analyzer import open_run
+
+    with open_run(tmp_path / "runs" / "lr-0.01") as run:
+        assert run.query("SELECT sum(h.counts[b.bin + 1]) FROM histograms h CROSS JOIN "
+                         "histogram_bins b WHERE h.kind = 'grad' AND h.name = '0.weight' "
+                         "AND h.step = 40")[1] == [(16 * 8,)]
 
 
 def test_record_example_runs_the_first_command(tmp_path: Path) -> None:
