@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from .output import dict_rows, format_options, write_rows
 FLEET_CSV = ("run_id", "path", "status", "started", "duration_s", "steps", "world_size",
              "model_class", "throughput_steps_per_s", "peak_rss_bytes",
              "peak_cuda_allocated_bytes", "top_finding", "top_severity", "top_subject",
-             "top_first_step", "n_warning", "n_error", "n_critical", "error")
-"""fleet --format csv: one row per run of the index."""
+             "top_first_step", "n_warning", "n_error", "n_critical", "error", "hparams")
+"""fleet --format csv: one row per run of the index (hparams as a JSON object's text)."""
 
 
 @click.command()
@@ -97,11 +98,11 @@ def fleet(roots: tuple[str, ...], fmt: str, out: Path | None, fail_on: str | Non
     if out is not None:
         click.echo(f"wrote {out}", err=True)
     if fmt == "json":
-        import json
-
         click.echo(json.dumps(result.to_json(), indent=1))
     elif fmt == "csv":
-        write_rows(*dict_rows(result.to_json()["runs"], FLEET_CSV), fmt)
+        runs = [{**r, "hparams": json.dumps(r["hparams"], sort_keys=True)
+                 if r.get("hparams") else None} for r in result.to_json()["runs"]]
+        write_rows(*dict_rows(runs, FLEET_CSV), fmt)
     else:
         from ..fleet.render import render_text
 

@@ -52,7 +52,10 @@ class FleetResult:
         return clean_json({
             "schema_version": FLEET_JSON_VERSION, "roots": self.roots,
             "index": str(self.index), "engine": self.engine, "analysed": self.analysed,
-            "reused": self.reused, "removed": self.removed, "runs": self.runs,
+            "reused": self.reused, "removed": self.removed,
+            # (the index's MAP column reads back as key/value pairs: an object here)
+            "runs": [{**r, "hparams": dict(r["hparams"])} if isinstance(
+                r.get("hparams"), list) else r for r in self.runs],
             "fleet_findings": self.fleet_findings,
             "skipped": [s.to_json() for s in self.skipped], "warnings": self.warnings,
         })

@@ -86,9 +86,15 @@ def test_fleet_groups_runs_by_a_hyperparameter(tmp_path: Path) -> None:
     for i, lr in enumerate((0.1, 0.05, 0.1)):
         _run(root, f"r{i}", {"optimizer.lr": lr}, seed=i)
     _run(root, "bare", {}, seed=9)
-    out = subprocess.run([*CLI, "fleet", str(root)], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([*CLI, "fleet", str(root), "--format", "json"], capture_output=True,
+                         text=True, timeout=300)
     assert out.returncode in (0, 1), out.stderr
+    runs = {Path(r["path"]).name: r for r in json.loads(out.stdout)["runs"]}
+    assert runs["r1"]["hparams"] == {"optimizer.lr": "0.05"} and runs["bare"]["hparams"] == {}
+    csv = subprocess.run([*CLI, "fleet", str(root), "--format", "csv"], capture_output=True,
+                         text=True, timeout=300)
+    assert csv.stdout.splitlines()[0].endswith(",hparams")
+    assert '"{""optimizer.lr"": ""0.1""}"' in csv.stdout
     q = subprocess.run([*CLI, "query", "--fleet", str(root), "--format", "json",
                         "SELECT hparams['optimizer.lr'] AS lr, count(*) AS n FROM runs "
                         "GROUP BY 1 ORDER BY 1 NULLS LAST"],
