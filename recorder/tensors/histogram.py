@@ -11,7 +11,9 @@ tensors it holds. Each tensor's slice of it is then counted by one ``histc`` ove
 ``repeat_interleave`` of slot offsets, launches fewer kernels but measured 1.9x slower on a
 CPU, 62.8 against 33.5 ms for the 4.2M-parameter benchmark GPT: the per-element offsets
 cost more than the launches they save, which at a cadence of 100 steps are nothing on a
-GPU either.) The chunk layout depends only on the tensors' sizes: planned once per layout
+GPU either. NumPy's ``bincount`` of the bins as integers, on a CPU, measured slower
+still: 103.7 against 71.7 ms, its int64 conversion costing more than ``histc``.) The chunk
+layout depends only on the tensors' sizes: planned once per layout
 and cached, with its index tensor on the device. Temporary memory: ~3 float32 copies of a
 chunk.
 
