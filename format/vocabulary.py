@@ -24,7 +24,7 @@ EventKind = Literal[
     "resumed", "grad_norm_cadence", "activation_tracing_unavailable",
     "step_from_another_thread", "optimizer_ignored", "profiler_window", "param_coverage",
     "model_structure", "flops_counted", "anomaly_mode", "model_tree", "memory_snapshot",
-    "recorder_cost", "hparams_truncated",
+    "recorder_cost", "hparams_truncated", "histogram_cadence",
 ]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 """``events.kind`` the recorder itself writes (docs/FORMAT.md says what each holds); a

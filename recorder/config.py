@@ -46,6 +46,12 @@ class RecorderConfig:
     histogram_every: int = 100
     """Histograms of every gradient and weight over fixed log-spaced bins (the
     ``histograms`` table; docs/FORMAT.md gives the bins), computed on their device."""
+    histogram_budget: float = 0.0
+    """Largest share of the step time histograms may cost on the training thread, spread
+    over their cadence (host time, measured: on a GPU a few hundred launches, on a CPU the
+    counting itself, ~20 ms for 3M values). Costlier ones are taken every 2nd, 4th, ...
+    ``histogram_every`` (at most 64x), with an ``info`` event ``histogram_cadence``; 0
+    takes them at every ``histogram_every`` whatever they cost."""
     update_ratio_every: int = 0
     """norm(update)/norm(weight) per parameter; costs one copy of the parameters at those
     steps (needs an optimizer)."""
@@ -206,9 +212,10 @@ class RecorderConfig:
                              "max_buffered_rows and max_spool_bytes must be >= 1")
         if self.profile_active < 1 and (self.profile_every or self.profile_start):
             raise ValueError("profile_active must be >= 1 when profiling is on")
-        if self.grad_norm_budget > 1:
-            raise ValueError(f"grad_norm_budget is a share of the step time (0 to 1), got "
-                             f"{self.grad_norm_budget!r}")
+        for name in ("grad_norm_budget", "histogram_budget"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name} is a share of the step time (0 to 1), got "
+                                 f"{getattr(self, name)!r}")
         if not 0 <= self.memory_history_at < 1:
             raise ValueError("memory_history_at is a share of the device's memory (0 to 1), "
                              f"got {self.memory_history_at!r}")
@@ -285,6 +292,7 @@ _PRESET_KNOBS: dict[str, dict[str, Any]] = {
     "standard": dict(
         grad_norm_every=1, grad_norm_budget=0.005, store_grad_norms=True,
         tensor_stats_every=100, param_stats_every=100, histogram_every=100,
+        histogram_budget=0.005,
         memory_every=1, system_interval_s=1.0, profile_start=50, profile_every=0,
     ),
     # Everything, more often: update ratios, activation statistics, per-step NaN tracing.
@@ -344,7 +352,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                 "peak_flops"),
     "stats": ("grad_norm_every", "grad_norm_budget", "store_grad_norms", "grad_stats_all_ranks",
               "tensor_stats_every", "param_stats_every", "histogram_every",
-              "update_ratio_every", "stats_chunk_elems"),
+              "histogram_budget", "update_ratio_every", "stats_chunk_elems"),
     "activations": ("activation_stats_every", "activation_nonfinite"),
     "sampling": ("memory_every", "memory_history", "memory_history_at", "system_interval_s",
                  "record_sample_ids"),

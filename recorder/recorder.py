@@ -122,6 +122,8 @@ class Recorder:
         self._full = FullStats(self.config.stats_chunk_elems)
         self._reader = GradReader(self._named_params, self.config, self._full,
                                   on_stride=self._norm_stride_changed)
+        self._reader.on_hist_stride = lambda _s, b: self._info("histogram_cadence")(
+            *b.cadence_event())
         self._reader.on_present = Coverage(self._named_params, lambda: self.optimizer,
                                            self._info("param_coverage")).seen
         # DDP: every rank holds the same gradients; rank 0 writes their per-parameter rows

@@ -39,14 +39,19 @@ MIN_COST_S = 5e-4
 class NormBudget:
     """Stride of the per-step gradient norms under a budget (0 = always stride 1)."""
 
-    def __init__(self, budget: float, every: int = 1) -> None:
-        """``every``: the configured cadence (``grad_norm_every``); the stride multiplies it."""
+    def __init__(self, budget: float, every: int = 1, *, window: int = _WINDOW,
+                 skip: int = _SKIP, what: str = "reading the gradient norms") -> None:
+        """``every``: the configured cadence (``grad_norm_every``); the stride multiplies it.
+        ``window``/``skip``: reads a decision takes the median of / first reads not counted
+        (histograms, read every 100 steps, decide on 3 after 1); ``what``: the event's
+        subject."""
         self.budget = budget
         self.every = max(every, 1)
         self.stride = 1
+        self.what, self.window, self.skip = what, window, skip
         self.cost_s: float | None = None  # median host time of one read
         self.period_s: float | None = None  # median step period
-        self._costs: deque[float] = deque(maxlen=_WINDOW)
+        self._costs: deque[float] = deque(maxlen=window)
         self._periods: deque[float] = deque(maxlen=_WINDOW)
         self._seen = 0
         self._since_change = 0  # reads charged since the stride last changed
@@ -56,7 +61,7 @@ class NormBudget:
         (a stride changes only once both medians exist)."""
         cost, period = self.cost_s or 0.0, self.period_s or 1.0
         every = self.every * self.stride
-        return (f"reading the gradient norms took {cost / period:.1%} of the step "
+        return (f"{self.what} took {cost / period:.1%} of the step "
                 f"({cost * 1e3:.2f} ms of {period * 1e3:.1f} ms; budget {self.budget:.1%}): "
                 f"now every {every} step{'s' if every > 1 else ''}",
                 {"every": every, "cost_s": self.cost_s, "step_s": self.period_s})
@@ -70,14 +75,14 @@ class NormBudget:
     def read_cost(self, seconds: float) -> int | None:
         """One read of the norms took ``seconds``; the new stride if it changes, else None."""
         self._seen += 1
-        if self._seen <= _SKIP:
+        if self._seen <= self.skip:
             return None
         self._costs.append(seconds)
         self._since_change += 1
         self.cost_s = statistics.median(self._costs)
         self.period_s = statistics.median(self._periods) if self._periods else None
-        if (self.budget <= 0 or len(self._costs) < _WINDOW or not self.period_s
-                or self._since_change < _WINDOW):
+        if (self.budget <= 0 or len(self._costs) < self.window or not self.period_s
+                or self._since_change < self.window):
             return None
         # Needed stride: how many cadences one read must be spread over to fit the budget.
         floor = MIN_COST_S if self.stride == 1 else MIN_COST_S * _DOWN

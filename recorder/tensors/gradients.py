@@ -84,7 +84,10 @@ class GradReader:
         self.layout: GradLayout | None = None
         self.snapshot: list[torch.Tensor] | None = None
         self.budget = NormBudget(config.grad_norm_budget, config.grad_norm_every)
+        self.hist_budget = NormBudget(config.histogram_budget, config.histogram_every,
+                                      window=3, skip=1, what="the histograms")
         self.on_stride = on_stride
+        self.on_hist_stride: Callable[[int, NormBudget], None] | None = None
         self._last_capture: float | None = None
         # called with the present-flags whenever the set of parameters holding a gradient
         # changes (coverage.Coverage)
@@ -178,6 +181,7 @@ class GradReader:
         now = time.perf_counter()
         if self._last_capture is not None:
             self.budget.step_period(now - self._last_capture)
+            self.hist_budget.step_period(now - self._last_capture)
         self._last_capture = now
         # A full-statistics step also reads the norms when the budget's stride skips them,
         # so the steps that have full statistics always have steps.grad_norm too.
@@ -198,8 +202,12 @@ class GradReader:
             ps = local_shards([p.detach() for p in self.params])
             acc.add(Piece("param", len(ps) * 8, tuple(n for n, _ in self.named),
                           tuple(p.numel() for p in ps)), self.full(ps))
-        if due(cfg.histogram_every, acc.step):
+        if due(cfg.histogram_every * self.hist_budget.stride, acc.step):
+            t0 = time.perf_counter()
             self._histograms(acc)
+            stride = self.hist_budget.read_cost(time.perf_counter() - t0)
+            if stride is not None and self.on_hist_stride is not None:
+                self.on_hist_stride(stride, self.hist_budget)
 
     def _histograms(self, acc: StepAccum) -> None:
         """Histograms of the step's gradients (as rank 0 writes their statistics) and of

@@ -140,3 +140,37 @@ def test_presets_set_the_cadence(tmp_path: Path, preset: str, expect: int) -> No
     assert rec.config.histogram_every == expect
     with pytest.raises(ValueError, match="histogram_every"):
         Recorder(tmp_path / "bad", histogram_every=-1)
+
+
+def test_costly_histograms_are_spread_within_their_budget(tmp_path: Path) -> None:
+    """A histogram that costs far more than its share of the step (here a 0.1% budget,
+    every step) is taken every 2nd, 4th, ... cadence after 1 + 3 measured ones, said in an
+    info event; 0 keeps the cadence whatever it costs."""
+    from rec_helpers import events
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    with Recorder(tmp_path / "r", model=model, optimizer=opt, histogram_every=1,
+                  histogram_budget=0.001, system_interval_s=0) as rec:
+        for _ in range(30):
+            loss = model(torch.randn(2, 512)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+    steps = {r["step"] for r in rows(tmp_path / "r", "histograms")}
+    assert steps == {0, 1, 2, 3}  # then every 64th: the next would be step 64
+    (ev,) = events(tmp_path / "r", "histogram_cadence")
+    assert ev["severity"] == "info" and "the histograms took" in ev["message"]
+
+
+def test_the_budget_decides_on_few_reads_for_a_rare_cadence() -> None:
+    from tracealyze.recorder.tensors.budget import NormBudget
+
+    b = NormBudget(0.005, 100, window=3, skip=1, what="the histograms")
+    for _ in range(9):
+        b.step_period(0.025)
+    changes = [b.read_cost(0.022) for _ in range(4)]
+    assert changes == [None, None, None, 2]  # 22 ms / (0.5% of 100 x 25 ms) = 1.76
+    assert b.cadence_event()[1]["every"] == 200
