@@ -25,7 +25,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU())
                                   for _ in range(3)], torch.nn.Linear(32, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with Recorder(d, model=model, optimizer=opt, histogram_every=10,
+    with Recorder(d, model=model, optimizer=opt, histogram_every=10, histogram_budget=0,
                   system_interval_s=0) as rec:
         for _ in range(60):
             x = torch.randn(16, 32)

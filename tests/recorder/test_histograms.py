@@ -109,7 +109,7 @@ def _train(run_dir: Path, steps: int, **knobs: object) -> tuple[torch.nn.Module,
 
 
 def test_a_recorded_run_has_each_tensors_histogram_at_the_cadence(tmp_path: Path) -> None:
-    _, seen = _train(tmp_path / "r", 12, histogram_every=5)
+    _, seen = _train(tmp_path / "r", 12, histogram_every=5, histogram_budget=0)
     got = rows(tmp_path / "r", "histograms")
     assert {r["step"] for r in got} == {0, 5, 10}
     assert {(r["kind"], r["name"]) for r in got} == {
@@ -127,7 +127,8 @@ def test_nan_is_counted_as_nonfinite_and_inf_in_the_end_bins(tmp_path: Path) -> 
     model = torch.nn.Linear(3, 1)
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[float("nan"), float("inf"), -1.0]]))
-    with Recorder(tmp_path / "r", model=model, histogram_every=1, system_interval_s=0) as rec:
+    with Recorder(tmp_path / "r", model=model, histogram_every=1, histogram_budget=0,
+                  system_interval_s=0) as rec:
         rec.step(loss=1.0)
     (w,) = [r for r in rows(tmp_path / "r", "histograms") if r["name"] == "weight"]
     assert w["nonfinite"] == 1 and w["counts"][B.NBINS - 1] == 1

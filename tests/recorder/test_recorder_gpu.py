@@ -30,6 +30,7 @@ def test_standard_preset_makes_no_host_device_sync(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     with Recorder(run_dir, model=model, optimizer=opt, preset="standard",
                   tensor_stats_every=5, param_stats_every=5, histogram_every=5,
+                  histogram_budget=0,
                   profile_start=0, flush_interval_s=0.1) as rec:
         try:
             for i in range(n):

@@ -111,7 +111,8 @@ def test_distributions_and_hyperparameters_render(browser: Any, tmp_path: Path) 
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with Recorder(tmp_path / "run", model=model, optimizer=opt, histogram_every=5,
-                  system_interval_s=0, hparams={"optimizer": {"lr": 0.05}}) as rec:
+                  histogram_budget=0, system_interval_s=0,
+                  hparams={"optimizer": {"lr": 0.05}}) as rec:
         for _ in range(40):
             loss = model(torch.randn(8, 16)).pow(2).mean()
             opt.zero_grad()
