@@ -107,7 +107,8 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
     buffers) are single increments and do not start it. A pause once the counter has left
     its starting level (a few slow steps whose samples repeat, an allocator trim) is an
     interruption of the leak, not a new start: only pauses at the starting level (within
-    a tenth of the whole rise) can come before the leak."""
+    a tenth of the whole rise), and not right after a run of rising steps, can come before
+    the leak."""
     if slope <= 0 or len(val) < 3 * window:
         return None
     d = np.diff(val) * (1.0 / np.maximum(np.diff(step), 1))
@@ -118,7 +119,11 @@ def steady_onset(step: np.ndarray, val: np.ndarray, slope: float, window: int = 
     # (and rose by less than half the rate over the window as a whole: a leak whose size
     # varies step to step, as dynamic shapes make it, has windows with few large steps)
     rise = np.convolve(d, np.ones(window), mode="valid")
-    low = np.flatnonzero((frac < 0.5) & (rise < slope * window / 2) & near)
+    # (and the leak was not already running: a pause right after `window` mostly rising
+    # steps is one, e.g. the recorder's own flush, a transient allocation and its release,
+    # a few steps after the leak began)
+    before = np.r_[np.zeros(window), frac][:len(frac)]
+    low = np.flatnonzero((frac < 0.5) & (rise < slope * window / 2) & near & (before < 0.5))
     i = int(low[-1]) + 1 if len(low) else 0
     if i >= len(frac) - window:
         return None
