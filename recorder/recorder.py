@@ -46,6 +46,7 @@ from .training.profiling import ProfilerSchedule
 from .training.sampler import MemoryProbe, SystemSampler
 from .training.structure import StructureProbe
 from .training.throughput import FlopMeter
+from .write.freedir import resolve
 from .write.report_to import Reporter
 from .write.rows import StepRows
 from .write.rundir import RunDir
@@ -76,8 +77,10 @@ class Recorder:
         resume: bool = False,
         scaler: Any = None,
         hparams: Any = None,
+        if_exists: str = "error",
         **overrides: Any,
     ) -> None:
+        run_dir = resolve(run_dir, if_exists, resume)  # ("new": runs/exp1-2 beside exp1)
         self.config = RecorderConfig.from_preset(preset, **overrides)
         flat, cut = flatten(hparams) if hparams is not None else ({}, 0)  # (ValueError)
         self.preset = preset

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from tracealyze.format.storage import is_url
 
 from ..config import RecorderConfig
 from ..recorder import Recorder
-from ..write.runmeta import read_json
+from ..write.freedir import free_dir
 from . import _backward
 from ._timing import time_batches, time_next
 
@@ -127,31 +126,4 @@ class Session:
     def _exit(self) -> None:
         if self.active:
             self.close(self.exit_status)
-
-
-def free_dir(path: Path) -> Path:
-    """``path``, or ``path-2``, ``path-3``, ... : the first that holds no earlier run. A run
-    another rank of this job just started there (running, begun after this process) is
-    this job's own."""
-    n = 1
-    candidate = path
-    while n < 10_000:
-        meta = read_json(candidate / "run.json") if (candidate / "run.json").exists() else None
-        if meta is None and not (candidate / "run.json").exists():
-            return candidate
-        if meta is not None and meta.get("status") == "running" and \
-                float(meta.get("started") or 0) >= _process_start() - 30:
-            return candidate
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
-
-
-def _process_start() -> float:
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:
-        return time.time()
 

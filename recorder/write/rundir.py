@@ -51,7 +51,8 @@ class RunDir:
             raise ValueError(
                 f"run_dir {str(d)!r} already holds a run (run_id "
                 f"{(existing or {}).get('run_id', '?')}, status {status}); pass resume=True "
-                "to append to it (e.g. after preemption) or choose a new directory")
+                "to append to it (e.g. after preemption), if_exists='new' for a new run beside "
+                "it, or choose a new directory")
         try:
             make_writable_dir(d)
         except OSError as exc:
