@@ -162,3 +162,81 @@ def test_a_batch_does_not_explain_what_began_after_the_loss_came_back(tmp_path):
     fs = _summary(tmp_path, loss, np.ones(400), n=400)
     (nf,) = [f for f in fs if f["id"] == "nonfinite"]
     assert nf.get("caused_by") != "loss_spike", [(f["id"], f.get("caused_by")) for f in fs]
+
+
+def _slow_learning(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A language model's slow descent (3.9 -> ~3.05 over the run) under per-batch noise."""
+    step = np.arange(n)
+    return 3.0 + 0.9 * np.exp(-step / (n / 3)) + rng.normal(0, 0.06, n)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_that_stops_the_learning_explains_the_plateau_after_it(tmp_path, seed):
+    """The loss x100 at step 170, back at once, then flat at the level it had (the batch
+    undid the progress it would have made: BERT in the matrix): the plateau is the batch's
+    consequence, dated after it, never before it."""
+    rng = np.random.default_rng(200 + seed)
+    loss = _slow_learning(rng, 300)
+    loss[171:] = float(np.median(loss[150:170])) + rng.normal(0, 0.06, 129)
+    loss[170] *= 100
+    fs = _summary(tmp_path, loss, 0.5 * np.exp(rng.normal(0, 0.2, 300)))
+    above = [f for f in fs if f["severity"] != "info"]
+    assert above and above[0]["id"] == "loss_spike" and above[0]["first_step"] == 170, [
+        (f["id"], f["severity"], f["first_step"]) for f in fs]
+    for p in (f for f in fs if f["id"] == "loss_plateau"):
+        assert p["first_step"] > 170, (p["first_step"], p["title"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_setback_and_its_recovery_are_not_a_plateau(tmp_path, seed):
+    """Learning, then one batch at 170 knocks the loss up x15 and it takes ~60 steps to
+    learn back down (the CNN in the matrix): the span holding both is not 'not decreasing'."""
+    rng = np.random.default_rng(300 + seed)
+    loss = _falling(rng, 300, 0.3)
+    loss[170] *= 100
+    loss[171:] *= 1 + 14 * np.exp(-np.arange(129) / 20)
+    fs = _summary(tmp_path, loss, 0.5 * np.exp(rng.normal(0, 0.2, 300)))
+    assert not [f for f in fs if f["id"] == "loss_plateau" and f["severity"] != "info"], [
+        (f["id"], f["severity"], f["first_step"]) for f in fs]
+
+
+def test_a_run_that_never_learns_is_a_plateau_whatever_batch_hits_it(tmp_path):
+    """Flat at ln 10 from the start, one corrupt batch at 150: still a plateau from the
+    start (warning), the batch its own finding."""
+    rng = np.random.default_rng(11)
+    loss = math.log(10) + rng.normal(0, 0.02, 300)
+    loss[150] *= 50
+    fs = _summary(tmp_path, loss, 0.5 * np.exp(rng.normal(0, 0.2, 300)))
+    (p,) = [f for f in fs if f["id"] == "loss_plateau"]
+    assert p["severity"] == "warning" and p["first_step"] <= 5, (p["first_step"], p["title"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_layer_that_grows_while_learning_is_not_exploding_because_a_batch_spikes_it(
+        tmp_path, seed):
+    """An attention weight's gradient grows x1000 while the loss falls (heads learning to
+    attend), then one batch spikes it x1e4 for one step: no gradient_explosion (the level
+    the growth held is ordinary; the spike is the batch's)."""
+    rng = np.random.default_rng(400 + seed)
+    n = 300
+    s = np.arange(n)
+    loss = _falling(rng, n, 0.05)
+    loss[170] *= 100
+    learn = 1e-4 * np.minimum(10 ** (3 * np.clip((s - 50) / 80, 0, 1)), 1e3)
+
+    def norm(steps, name, kind):
+        if kind != "grad":
+            return None
+        g = (learn if name.endswith("0.weight") else np.full(n, 0.05)) * np.exp(
+            rng.normal(0, 0.2, n))
+        g[170] *= 1e4
+        return g
+
+    grad = 0.3 * np.exp(rng.normal(0, 0.1, n))
+    grad[170] *= 50
+    run = make_run(tmp_path, steps=n, loss=loss, grad_norm=grad, tensors=4, tensor_norm=norm)
+    fs = build_summary(run)["findings"]
+    assert not [f for f in fs if f["id"] == "gradient_explosion"], [
+        (f["id"], f["first_step"], f["subject"]) for f in fs]
+    above = [f for f in fs if f["severity"] != "info"]
+    assert above[0]["id"] == "loss_spike" and above[0]["first_step"] == 170

@@ -46,7 +46,7 @@ def test_new_on_a_fresh_directory_uses_it(tmp_path: Path, capsys) -> None:
 
 def test_default_still_refuses_and_says_how(tmp_path: Path) -> None:
     _train(tmp_path / "exp1")
-    with pytest.raises(ValueError, match="if_exists='new'.*new run beside"):
+    with pytest.raises(ValueError, match=r"if_exists='new'.*new run beside"):
         _train(tmp_path / "exp1")
 
 

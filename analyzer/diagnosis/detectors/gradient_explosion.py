@@ -47,7 +47,9 @@ DOC = {
             "steps and its typical level since warm-up, mostly monotonically (min_up_frac), "
             "stays up for sustain points or turns nonfinite; a layer must also reach "
             "min_share of the total norm's typical level; and the loss must get worse over "
-            "the growth (rise by 2σ of its step noise, or turn nonfinite): norms that grow "
+            "the growth (rise by 2σ of its step noise, or turn nonfinite) unless the level it "
+            "held (smoothed: one batch's spike is not a level) is factor × the total's "
+            "typical level: norms that grow "
             "while the loss keeps falling are learning, and so is a transient rise that "
             "settles back to its baseline for the rest of the run while the loss ends "
             "below its level at the onset (with or without clipping). The onset is the "
@@ -177,7 +179,10 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
                 "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
                 else None, "from": float(math.exp(start_x)),
                 "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
-                "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline))}
+                "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline)),
+                # the level the growth held (smoothed: one batch's spike, a loss_spike's
+                # business, is not a level any growth reached)
+                "held": float(math.exp(np.max(xs)))}
     return None
 
 
@@ -295,7 +300,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # (Unless the growth dwarfs the whole model's usual gradient: a layer ending 10x above
     # the total's typical level is abnormal whatever the loss does yet.)
     def extreme(x: Mapping[str, Any]) -> bool:
-        return typical_total is not None and x["max"] >= float(th.factor) * typical_total
+        return typical_total is not None and x["held"] >= float(th.factor) * typical_total
 
     win = int(th.window)
 

@@ -13,7 +13,7 @@ from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data, _structure
+from . import _changes, _data, _structure, loss_spike
 from .base import Context
 
 ID = "loss_plateau"
@@ -38,7 +38,10 @@ DOC = {
             "not decrease either, or covers ≥ stall_frac after the loss fell by less than "
             "stall_drop before it (stalled early), else info. A warning plateau at ln C, for "
             "the C of the model's logits (within CHANCE_TOL) or a small integer C ≤ 10 "
-            "(within SMALL_K_TOL), is named chance level.",
+            "(within SMALL_K_TOL), is named chance level. A batch that threw the run "
+            "(loss_spike's batch event) is a setback, not part of a plateau: the tails are "
+            "judged on either side of it (one plateau when the loss sat at one level on "
+            "both sides, else the one after it, which the batch explains).",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -83,15 +86,11 @@ def _flat(y: np.ndarray, th: Thresholds) -> bool:
     return max(blocks) - min(blocks) <= band and abs(head - float(np.median(y))) <= band
 
 
-def detect(ctx: Context, th: Thresholds) -> list[Finding]:
-    series = _data.finite_loss(ctx, int(th.min_steps))
-    if series is None:
-        return []
-    r, step, loss = series
-    x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th.points), how="median")
+def _start(x: np.ndarray, y: np.ndarray, min_len: float, th: Thresholds) -> int | None:
+    """Index where the plateau of the reduced series (x, y) begins: the longest tail at least
+    ``min_len`` steps long that neither decreases nor climbs and stays flat, from where the
+    loss settled into its band; None when there is none."""
     npts = len(x)
-    span = float(step[-1] - step[0]) or 1.0
-    min_len = max(float(th.window_frac) * span, float(th.window_min))
     # smallest start index i whose tail [i:] is long enough and not decreasing
     plateau_i = None
     for i in range(npts):
@@ -101,7 +100,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             plateau_i = i
             break
     if plateau_i is None:
-        return []
+        return None
     # dated where the loss settled into the plateau's band, not where the tail that is no
     # longer falling begins (a fall in the first steps before a long flat stretch is part
     # of that tail, but the plateau starts where it ends)
@@ -112,6 +111,34 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # a whole (their median), not a few noisy ones on a flat loss
     if len(above) and float(np.median(y[plateau_i:plateau_i + int(above[-1]) + 1])) > band:
         plateau_i += int(above[-1]) + 1
+    return plateau_i
+
+
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+    series = _data.finite_loss(ctx, int(th.min_steps))
+    if series is None:
+        return []
+    r, step, loss = series
+    x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th.points), how="median")
+    span = float(step[-1] - step[0]) or 1.0
+    min_len = max(float(th.window_frac) * span, float(th.window_min))
+    # A batch that threw the run (loss_spike's batch event) is a setback at one step: a
+    # plateau is judged on either side of it, never across it (a tail holding the learning
+    # before it and the flat loss it left behind is "not decreasing" only because it was
+    # thrown back). A plateau on both sides at one level is one plateau that the batch
+    # interrupted; one after it only is the batch's consequence (causality.py).
+    plateau_i = _start(x, y, min_len, th)
+    thrown = loss_spike.batch_span(ctx)
+    if thrown is not None:
+        pre, post = np.flatnonzero(x < thrown[0]), np.flatnonzero(x > thrown[1])
+        after = _start(x[post], y[post], min_len, th) if len(post) else None
+        before = _start(x[pre], y[pre], min_len, th) if len(pre) else None
+        plateau_i = None if after is None else int(post[after])
+        if after == 0 and before is not None and _flat(
+                np.concatenate([y[pre][before:], y[post]]), th):
+            plateau_i = int(pre[before])
+    if plateau_i is None:
+        return []
     first = int(x[plateau_i])
     frac = (step[-1] - first) / span
     # "Never learned" needs the run as a whole not to have decreased either: a model that

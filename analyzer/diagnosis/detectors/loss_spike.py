@@ -178,10 +178,33 @@ def _throws(loss: np.ndarray, prev: np.ndarray, sigma: float, th: Thresholds) ->
     return t[hit]
 
 
-def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+def batch_span(ctx: Context) -> tuple[int, int] | None:
+    """(step, until) of the batch that threw the run (:func:`batch_event`), or None: a
+    setback at one step that other detectors must not read across (loss_plateau)."""
+    th = ctx.th(ID)
+    if not isinstance(th, Thresholds):
+        import sys
+
+        from .. import thresholds
+
+        th = thresholds.of(sys.modules[__name__])
+    got = _analyse(ctx, th)
+    if got is None or got["b"] is None:
+        return None
+    step = got["step"]
+    return int(step[got["b"]]), int(step[min(got["until"], len(step) - 1)])
+
+
+def _analyse(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
+    """Everything :func:`detect` works from, computed once per analysis (shared with
+    :func:`batch_span`)."""
+    return ctx.cached(f"{ID}.analyse.{hash(th)}", lambda: _compute(ctx, th))
+
+
+def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     series = _data.finite_loss(ctx, int(th.min_steps))
     if series is None:
-        return []
+        return None
     r, step, loss = series
     idx, base, resid, sigma, prev = find_spikes(step, loss, th)
     # a rise that keeps an appointment (more than half the cycles at one phase) is design
@@ -199,6 +222,18 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # thing from a family of small spikes: the finding is dated at it, and it can be the
     # cause of what follows (causality.py)
     b, until, idx = batch_event(ctx, step, loss, prev, idx, sigma, th, pattern)
+    return {"r": r, "step": step, "loss": loss, "idx": idx, "base": base, "resid": resid,
+            "sigma": sigma, "prev": prev, "pattern": pattern, "by_design": by_design,
+            "b": b, "until": until}
+
+
+def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+    got = _analyse(ctx, th)
+    if got is None:
+        return []
+    r, step, loss, idx, base, resid, sigma, prev, pattern, by_design, b, until = (
+        got[k] for k in ("r", "step", "loss", "idx", "base", "resid", "sigma", "prev",
+                         "pattern", "by_design", "b", "until"))
     if not len(idx):
         return [_structure(r, step, by_design, pattern)] if by_design else []
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
