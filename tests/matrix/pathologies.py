@@ -235,9 +235,6 @@ def applies(model: str, spec: Any, pathology: str) -> bool:
 OPEN: dict[str, str] = {
     "multitask": "#45: 70/75 right at the end of 2026-11-27 (BERT's and the recommender's "
                  "second task slows the first: a loss_plateau warning)",
-    "bad_batch": "#45 item 4: 68/75 right at the end of 2026-11-27 (BERT: the batch's single "
-                 "gradient spike makes a learning growth look extreme; a plateau dated before "
-                 "the batch that it lengthened)",
     "loss_x2": "#45: 70/75 right at the end of 2026-11-27",
 }
 """Cells the detectors do not meet yet, with their measured rate: recorded and judged by
