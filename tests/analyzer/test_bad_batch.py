@@ -240,3 +240,20 @@ def test_a_layer_that_grows_while_learning_is_not_exploding_because_a_batch_spik
         (f["id"], f["first_step"], f["subject"]) for f in fs]
     above = [f for f in fs if f["severity"] != "info"]
     assert above[0]["id"] == "loss_spike" and above[0]["first_step"] == 170
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_batch_that_sets_off_a_growth_dates_it_though_the_growth_starts_low(seed: int) -> None:
+    """One batch spikes a layer's gradient x100 for a step; the growth it sets off starts only
+    x2-x3 above the baseline and climbs from there (the VAE in the matrix, dated 3 steps
+    early by the smoothed series' bend): dated at the batch."""
+    rng = np.random.default_rng(500 + seed)
+    n = int(rng.integers(220, 400))
+    at = int(rng.integers(int(0.4 * n), n - 20))
+    x = np.log(0.02) + rng.normal(0, 0.15, n)
+    x[at] = np.log(0.02 * float(rng.uniform(60, 200)))
+    grow = np.log(0.02) + np.log(float(rng.uniform(2.0, 3.0))) + np.cumsum(
+        rng.uniform(0.2, 0.5, n - at - 1))
+    x[at + 1:] = np.minimum(grow, np.log(0.02) + 3.0)  # up x20 and held there
+    got = ge.find_explosion(np.arange(n), x, False, TH.window, TH, 0)
+    assert got is not None and got["onset"] == at, (at, got and got["onset"])
