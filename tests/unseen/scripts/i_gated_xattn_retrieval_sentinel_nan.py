@@ -25,7 +25,8 @@ What is TRUE of the run (measured):
   drop, then ~0.08-0.15 (median) over steps 80-229.
 - Step 230: the sentinel overflows to inf in the context projection, the attention turns it
   into NaN, and the loss is NaN at step 230 itself (0.0078 at step 229); the gradients are
-  non-finite too (the recorder's nonfinite_grads is 47 at that step). AdamW writes the NaN into every weight, so the loss and
+  non-finite too (the recorder's nonfinite_grads is 47 at that step). AdamW writes the NaN
+  into every weight, so the loss and
   gradients are NaN on every step from 230 to 299 (70 steps). The root cause is at step 230:
   the first non-finite value is at exactly that step. Nothing wrong with memory, data
   loading or step times.

@@ -105,7 +105,8 @@ def main():
     ys[BAD_STEP * BATCH + BAD_ROW] *= BAD_FACTOR
     model = Net()
     decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if not (n.endswith("weight") and p.dim() == 2)]
+    no_decay = [p for n, p in model.named_parameters()
+                if not (n.endswith("weight") and p.dim() == 2)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
                              {"params": no_decay, "weight_decay": 0.0}], lr=PEAK_LR)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
