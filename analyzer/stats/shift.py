@@ -28,8 +28,15 @@ MIN_FACTOR = 1.5
 """Smallest rescale looked for (either way): smaller level changes are within what a
 schedule or a curriculum does to a loss over a few steps."""
 NOISE_Z = 5.0
-"""The loss's shift is this many standard errors of the difference of two window medians
-(from its own step-to-step noise); the gradient norm's, 3."""
+"""The loss's and the gradient norm's shifts together (the sum of their z-scores over √2,
+each in standard errors of the difference of two window medians, from the series' own
+step-to-step noise) stand this far out: two independent measurements of one event."""
+LOSS_Z = 2.0
+"""... the loss's alone at least this (it did rise, beyond its noise) ..."""
+GRAD_Z = 3.0
+"""... and the gradient norm's at least this. A clean loss (z ≥ 5 alone) passes whenever its
+gradient norm corroborates at 3; a classifier's loss, noisy per batch, needs the gradient
+norm's clearer shift."""
 MIN_POINTS = 40
 
 
@@ -72,20 +79,34 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
     w = max(10, n // 20)
     # standard error of a difference of two medians of w points: 1.25·σ·√(2/w), σ per point
     # from the step-to-step differences (robust: 1.4826·MAD/√2)
-    se_l, se_g = (1.25 * _sigma(x) * np.sqrt(2 / w) for x in (lg, gg))
+    rg = lg - gg
+    se_l, se_g, se_r = (1.25 * _sigma(x) * np.sqrt(2 / w) for x in (lg, gg, rg))
     best: tuple[float, int, float, float] | None = None
     for i in range(2 * w, n - 2 * w + 1):  # (a level held before it, and after)
         dl = _med(lg[i:i + w]) - _med(lg[i - w:i])
         # upward only: loss and gradients that fall together at one step are what a model
         # finding the solution looks like (a learning transition), and dividing what
         # follows by that factor would turn it into a divergence
-        if dl < np.log(MIN_FACTOR) or dl < NOISE_Z * se_l:
+        if dl < np.log(MIN_FACTOR) or dl < LOSS_Z * se_l:
             continue
         dg = _med(gg[i:i + w]) - _med(gg[i - w:i])
         # the gradient norm corroborates: shifted the same way at the same step,
         # significantly (3 standard errors). (Not by the same factor: when one term of a
         # sum is rescaled, the loss and the gradient change by different factors.)
-        if dg * dl <= 0 or abs(dg) < max(3 * se_g, np.log(MIN_FACTOR) / 2):
+        if dg * dl <= 0 or abs(dg) < max(GRAD_Z * se_g, np.log(MIN_FACTOR) / 2):
+            continue
+        # two measurements of one event: together NOISE_Z standard errors (a noisy
+        # classifier's loss, ±70% per batch, shows a x2 at 3 standard errors, its gradient
+        # norm at 6)
+        if (dl / se_l + abs(dg) / se_g) / np.sqrt(2) < NOISE_Z:
+            continue
+        # A loss not conclusive alone leans on the gradient norm, which must then tell the
+        # same story: a rescale multiplies the loss and every gradient by one k, so the
+        # ratio of the two at each step (log loss − log gradient norm) does not move, and
+        # its noise is far smaller than either's (a hard batch raises both). A constant-LR
+        # classifier turning unstable lifts its loss x3 and its gradient norm x1.8 at once:
+        # the ratio moves by 3 standard errors; a x2 rescale's by under 2.
+        if dl < NOISE_Z * se_l and abs(_med(rg[i:i + w]) - _med(rg[i - w:i])) > 2 * se_r:
             continue
         # abrupt: the step itself already sits at the new level (not a ramp through it)
         if abs((lg[i] - _med(lg[i - w:i])) - dl) > abs(dl) / 2:
@@ -102,7 +123,7 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
     if best is None:
         return None
     _, i, dl, dg = best
-    i = _exact(lg, i, w)
+    i = _exact(lg, gg, i, w, se_l, se_g)
     # at the new level from its first step, the loss and the gradient norm alike: a step
     # that overshoots the level that follows by more than the shift itself and far beyond
     # one point's noise (the gradient x1000 where it then holds x8) is a batch that threw
@@ -114,13 +135,18 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
     return Shift(int(idx[i]), int(step[idx[i]]), float(np.exp(dl)), float(np.exp(dg)))
 
 
-def _exact(lg: np.ndarray, i: int, w: int) -> int:
+def _exact(lg: np.ndarray, gg: np.ndarray, i: int, w: int, se_l: float, se_g: float) -> int:
     """The step of the change near ``i``: the split of [i − w, i + w) between the two levels
-    (the window medians around ``i``) with the least absolute error. Window medians hardly
-    move while the change is inside either window: the split does."""
-    a, b = _med(lg[i - w:i]), _med(lg[i:i + w])
+    (the window medians around ``i``) with the least absolute error, the loss's and the
+    gradient norm's, each in units of its own noise (two measurements of one step; a noisy
+    classifier's loss alone dates it a few steps off). Window medians hardly move while the
+    change is inside either window: the split does."""
     lo, hi = max(w // 2, i - w // 2), min(len(lg) - w // 2, i + w // 2 + 1)
-    seg = lg[i - w:i + w]
-    costs = [np.abs(seg[:j - (i - w)] - a).sum() + np.abs(seg[j - (i - w):] - b).sum()
-             for j in range(max(lo, i - w + 1), min(hi, i + w))]
-    return max(lo, i - w + 1) + int(np.argmin(costs)) if costs else i
+    js = range(max(lo, i - w + 1), min(hi, i + w))
+    costs = np.zeros(len(js))
+    for x, se in ((lg, se_l), (gg, se_g)):
+        a, b = _med(x[i - w:i]), _med(x[i:i + w])
+        seg = x[i - w:i + w]
+        costs += np.array([np.abs(seg[:j - (i - w)] - a).sum()
+                           + np.abs(seg[j - (i - w):] - b).sum() for j in js]) / max(se, 1e-12)
+    return js[0] + int(np.argmin(costs)) if len(js) else i

@@ -232,11 +232,7 @@ def applies(model: str, spec: Any, pathology: str) -> bool:
     return bool(getattr(spec, need))
 
 
-OPEN: dict[str, str] = {
-    "multitask": "#45: 70/75 right at the end of 2026-11-27 (BERT's and the recommender's "
-                 "second task slows the first: a loss_plateau warning)",
-    "loss_x2": "#45: 70/75 right at the end of 2026-11-27",
-}
+OPEN: dict[str, str] = {}
 """Cells the detectors do not meet yet, with their measured rate: recorded and judged by
 benchmarks/matrix.py (README's rates table), left out of the suite's cases until they do."""
 

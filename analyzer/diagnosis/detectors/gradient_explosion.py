@@ -19,7 +19,7 @@ from ...stats.onset import hinge, single_jump
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _at_start, _changes, _data
+from . import _at_start, _changes, _data, loss_spike
 from .base import Context
 
 ID = "gradient_explosion"
@@ -55,8 +55,11 @@ DOC = {
             "below its level at the onset (with or without clipping). The onset is the "
             "change point of the smoothed log norm (best flat-then-rising fit), or the one "
             "step that takes the raw norm out of its baseline's range for good by ln(factor) "
-            "(a batch that threw the run), or the run's start when the prefix before it is "
-            "too short to be a baseline and went up; first_step that onset or the "
+            "(a batch that threw the run), or that batch's step (loss_spike's batch event) "
+            "when the growth reached its size only after it (before it, the smoothed norm "
+            "had not risen by ln(factor) from the onset), or the run's start when the "
+            "prefix before it is too short to be a baseline and went up; first_step that "
+            "onset or the "
             "learning-rate jump just before it; a gradual LR rise into it is named as the "
             "cause. A first gradient factor² above the run's later median beyond what the "
             "loss's own fall explains is an explosion at the start (_at_start.py). Subject: "
@@ -70,9 +73,11 @@ DOC = {
 
 
 def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
-                   th: Thresholds, onset_min: int = 0) -> dict[str, Any] | None:
+                   th: Thresholds, onset_min: int = 0, batch: int | None = None
+                   ) -> dict[str, Any] | None:
     """Onset/crossing of a sustained rise in a log-norm series (NaN = missing point) whose
-    onset is at or after step ``onset_min`` (the end of the run's warm-up)."""
+    onset is at or after step ``onset_min`` (the end of the run's warm-up). ``batch``: the
+    step of a batch that threw the run (loss_spike's batch event), if any."""
     ok = np.isfinite(logn)
     step, x = step[ok], logn[ok]
     # A growth that runs into NaN/Inf within a few steps of the start has no warm-up to
@@ -167,6 +172,14 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
             baseline = min(baseline, start_x)
         if jump > j:  # dated to the jump, from the level before it; crossed there at once
             onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
+        # a growth that reached its size only after a batch threw the run began with the
+        # batch (bad batch -> spike -> explosion): before it, the series had not risen by
+        # the factor from where the onset put it (an MoE expert's gradient drifting x2 while
+        # its share of tokens grows, then knocked x5 up for 15 steps by the batch)
+        if batch is not None and onset < batch <= int(step[i]):
+            b = int(np.searchsorted(step, batch))
+            if 0 < b < len(x) and float(np.max(xs[j:b])) - float(xs[j]) < need:
+                onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
         # back down to (near) the baseline for the rest of the run: the rise ended
         down = xs[i:] <= baseline + need / 2
         after = np.flatnonzero(~down)
@@ -250,6 +263,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     total = None
     typical_total = None
     r = _data.primary_rank(ctx, "grad_norm")
+    thrown = loss_spike.batch_span(ctx)
+    batch = None if thrown is None else thrown[0]
     lo, hi = _data.step_range(ctx)
     onset_min = 0 if lo is None else lo + max(
         int(th.warmup_steps), int(float(th.warmup_frac) * (hi - lo + 1)))
@@ -265,7 +280,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         bad = np.flatnonzero(given & ~np.isfinite(g))
         cut = bad[0] if len(bad) else len(g)
         total = find_explosion(d["step"][:cut], logn[:cut], bool(len(bad)), int(th.window),
-                               th, onset_min)
+                               th, onset_min, batch)
         if total is not None:
             total["first_nonfinite"] = _nan_after(total, int(d["step"][bad[0]]) if len(bad)
                                                   else None, int(th.window))
@@ -277,7 +292,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         cut = bad[0] if len(bad) else len(s["step0"])
         res = find_explosion(s["step0"][:cut].astype(np.int64), s["log_norm"][:cut],
                              bool(len(bad)), max(2, int(th.window) // size), th,
-                             onset_min)
+                             onset_min, batch)
         if res is not None and typical_total is not None and \
                 res["max"] < float(th.min_share) * typical_total:
             res = None  # grows, but stays negligible next to the whole model's gradient

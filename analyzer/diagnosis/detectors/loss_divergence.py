@@ -51,7 +51,12 @@ DOC = {
             "loss| and blowup_sigmas × the loss's step-to-step noise above the step-0 loss "
             "in the first half of the run, and the end is still above the step-0 loss (its "
             "best is then its start, hidden from the rule above by the smoothing of the "
-            "first window; step 0 is one draw, hence the noise margin).",
+            "first window; step 0 is one draw, hence the noise margin). A rescaled "
+            "objective (stats/shift.py: the loss and the gradient norm step up together "
+            "and stay, ≥ ×1.5, together 5 standard errors of their window medians, the "
+            "loss at least 2 and the gradient norm 3; a loss under 5 alone also keeps its "
+            "ratio to the gradient norm within 2) is reported at info and the steps after "
+            "it are judged on its new scale.",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
              "LR schedule, use bf16/loss scaling, normalise inputs.",
 }
@@ -75,8 +80,10 @@ def _rescaled(r: int, sh: Any) -> Finding:
                  "instead of a mean), not the training. The loss after it is judged on its "
                  "new scale."),
         advice="If the change was not meant, look at what the loss code does from that "
-               "step (an auxiliary term switched on, a refactor); under SGD it also "
-               "multiplies the effective learning rate, under Adam it barely matters.",
+               "step (an auxiliary term switched on, a refactor). Under SGD it multiplies "
+               "the effective learning rate for good; under Adam for a while (its step "
+               "follows the loss's scale until the second moment catches up, ~1/(1−β2) "
+               "steps, 1,000 by default), then the scale cancels.",
         chart=anchors.LOSS,
         evidence={"rank": r, "step": sh.step, "loss_factor": sh.factor,
                   "grad_factor": sh.grad_factor})

@@ -41,7 +41,10 @@ DOC = {
             "(within SMALL_K_TOL), is named chance level. A batch that threw the run "
             "(loss_spike's batch event) is a setback, not part of a plateau: the tails are "
             "judged on either side of it (one plateau when the loss sat at one level on "
-            "both sides, else the one after it, which the batch explains).",
+            "both sides, else the one after it, which the batch explains); so is a rescaled "
+            "objective's step (stats/shift.py). The steps of the "
+            "loop's periodic structure (loss_spike's pattern: a second task every N steps) "
+            "are left out: the trend is the other steps'.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -119,6 +122,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if series is None:
         return []
     r, step, loss = series
+    # the loop's structure by design (a second task every 4th step) is not the trend: the
+    # plateau is judged on the steps it does not explain, the main task's loss
+    pattern = loss_spike.loop_pattern(ctx)
+    if pattern is not None:
+        keep = ~np.isin(step % pattern.period, pattern.phases)
+        if keep.sum() >= int(th.min_steps):
+            step, loss = step[keep], loss[keep]
+        else:
+            pattern = None
     x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th.points), how="median")
     span = float(step[-1] - step[0]) or 1.0
     min_len = max(float(th.window_frac) * span, float(th.window_min))
@@ -129,6 +141,13 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # interrupted; one after it only is the batch's consequence (causality.py).
     plateau_i = _start(x, y, min_len, th)
     thrown = loss_spike.batch_span(ctx)
+    shift = _data.objective_shifts(ctx).get(r)
+    if thrown is None and shift is not None:
+        # a rescaled objective is a break of the same kind: the levels on either side are
+        # compared only through the factor's estimate (a few % off) and the optimizer's
+        # response to it (Adam's second moment adapts over ~1/(1-β2) steps, so the step size
+        # is ×k for hundreds of steps), so each side's trend is judged on its own
+        thrown = (int(shift.step), int(shift.step))
     if thrown is not None:
         pre, post = np.flatnonzero(x < thrown[0]), np.flatnonzero(x > thrown[1])
         after = _start(x[post], y[post], min_len, th) if len(post) else None
@@ -186,6 +205,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         message=(f"From step {first} to {int(step[-1])} ({100 * frac:.0f}% of the run) the "
                  f"loss stayed around {level:.4g} without a significant decrease (less than "
                  f"{100 * th.min_rel_decrease:.0f}% or not significant)."
+                 + (f" (Judged on the steps outside the loop's structure, which repeats "
+                    f"{pattern.text()}.)" if pattern is not None else "")
                  + (" The model does not seem to learn." if never and decayed is None
                     else "") + lr_note),
         advice=DOC["fixes"], chart=anchors.LOSS,

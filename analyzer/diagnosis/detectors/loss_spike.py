@@ -178,9 +178,9 @@ def _throws(loss: np.ndarray, prev: np.ndarray, sigma: float, th: Thresholds) ->
     return t[hit]
 
 
-def batch_span(ctx: Context) -> tuple[int, int] | None:
-    """(step, until) of the batch that threw the run (:func:`batch_event`), or None: a
-    setback at one step that other detectors must not read across (loss_plateau)."""
+def _own_th(ctx: Context) -> Thresholds:
+    """This detector's thresholds as the analysis configured them (for the helpers other
+    detectors call)."""
     th = ctx.th(ID)
     if not isinstance(th, Thresholds):
         import sys
@@ -188,7 +188,30 @@ def batch_span(ctx: Context) -> tuple[int, int] | None:
         from .. import thresholds
 
         th = thresholds.of(sys.modules[__name__])
+    return th
+
+
+def loop_pattern(ctx: Context) -> Pattern | None:
+    """The loop's periodic structure in the loss (a second task every N steps, an
+    evaluation, a curriculum's cycle), or None: the one that explains the spikes, else one
+    whose phase stands above the others without spiking (stats.periodic.phase_level). The
+    steps it explains are the design's, not the trend's: a detector judging whether the
+    loss falls reads the other steps (a 3x task loss on every 4th step makes window medians
+    of a falling loss jump up and down)."""
+    th = _own_th(ctx)
     got = _analyse(ctx, th)
+    if got is None:
+        return None
+    if got["pattern"] is not None:
+        return got["pattern"]
+    return ctx.cached(f"{ID}.loop_pattern.{hash(th)}",
+                      lambda: _relative_pattern(got["step"], got["loss"], th))
+
+
+def batch_span(ctx: Context) -> tuple[int, int] | None:
+    """(step, until) of the batch that threw the run (:func:`batch_event`), or None: a
+    setback at one step that other detectors must not read across (loss_plateau)."""
+    got = _analyse(ctx, _own_th(ctx))
     if got is None or got["b"] is None:
         return None
     step = got["step"]
