@@ -6,8 +6,9 @@ memory_leak and cuda_oom: :func:`regime_start`, :func:`steady_onset`, :func:`int
 :func:`filling`;
 loss_spike: ``periodic``; the step data every loss detector reads: ``shift``), so one
 principle dates them: an onset is the first step of the new regime, found on the series
-itself, never a threshold crossing some steps later. (loss_divergence's "left its best
-level", and the plateau and vanishing-gradient windows, still date by their own rules.)
+itself, never a threshold crossing some steps later. (loss_divergence dates its rise with
+:func:`departure` and loss_plateau its start with :func:`settle`; the vanishing-gradient
+windows still date by their own rule.)
 
 The kinds of change, each with its primitive:
 
@@ -20,6 +21,8 @@ The kinds of change, each with its primitive:
   :func:`along_line`, :func:`filling`): a counter starts rising steadily (a leak's malloc'd
   bytes): the rise that runs to the end, found walking back at its own rate; a rise whose
   rate keeps falling is a cache filling, not a drift.
+* **departure** (:func:`departure`): a series leaves its best level for good (a loss that
+  diverges after its best point); **settle** (:func:`settle`): a descent ends in a plateau.
 * **level shift** and **periodic pattern**: ``shift.objective_shift`` (every gradient and the
   loss rescaled at one step) and ``periodic.phase_pattern``/``phase_level`` (a loop's
   structure by design, and a level that moved under it).
@@ -222,6 +225,45 @@ def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
     if i == 0:
         return 0
     return hinge(y, max(0, i - m), n - 1, i)
+
+
+def departure(raw: np.ndarray, smooth: np.ndarray, best: int, level: float, w: int) -> int:
+    """Where a series leaves its best (lowest) level for good: ``best`` is the index of that
+    lowest point, ``smooth`` a rolling median of window ``w``, ``level`` the bar between the
+    two regimes. The smoothed series last rises above ``level`` within half a window of the
+    raw one; the departure is the split, within ``w`` points of that crossing, that best
+    separates the raw points below the bar (before it) from those above (from it on), over
+    the 2w points before the crossing and w after: a jump is dated to its own step, one noisy
+    point above the bar a few steps before it does not move it (the first raw point over
+    the bar would)."""
+    after = smooth[best:]
+    stays = np.flatnonzero(after <= level)
+    from_i = int(stays[-1]) + 1 if len(stays) else 0
+    # (a centred rolling median crosses up to half a window before the raw series does)
+    up = raw[best:][:from_i + w + 1] > level
+    lo = max(0, from_i - 2 * w)
+    seg = up[lo:]
+    cands = range(max(lo, from_i - w), len(up))
+    # errors of the split at d: points above the bar before it, and below it from d on
+    above_before = np.concatenate([[0], np.cumsum(seg)])
+    below_from = np.concatenate([np.cumsum((~seg)[::-1])[::-1], [0]])
+    errs = [int(above_before[d - lo]) + int(below_from[d - lo]) for d in cands]
+    return best + cands[int(np.argmin(errs))]
+
+
+def settle(y: np.ndarray, start: int, band_frac: float) -> int:
+    """Where a descent into a plateau ends: from ``start`` (the first index of a tail that no
+    longer falls), the index after the last point of the tail's first fifth that lies above
+    the tail's level × (1 + ``band_frac``), when the points up to it lie above that band as
+    a whole (their median; a few noisy points on a flat level do not move it). A fall in the
+    first steps before a long flat stretch belongs to that tail, but the plateau begins
+    where it ends."""
+    band = float(np.median(y[start:])) * (1 + float(band_frac))
+    above = np.flatnonzero(y[start:] > band)
+    above = above[above < (len(y) - start) // 5]  # (the settling: later noise is noise)
+    if len(above) and float(np.median(y[start:start + int(above[-1]) + 1])) > band:
+        return start + int(above[-1]) + 1
+    return start
 
 
 def jump_onset(step: np.ndarray, x: np.ndarray, need: float, w: int = 50) -> Onset | None:

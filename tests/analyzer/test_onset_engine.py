@@ -124,3 +124,61 @@ def test_a_drift_in_stairs_is_followed_back_along_its_line(period: int) -> None:
     # a flat warm-up before a drift from 60 stops the walk where the drift began
     flat = 2e9 + 100e3 * np.clip(step - 60, 0, None) + rng.normal(0, 2e3, N)
     assert abs(eng.along_line(step, flat, 90, 100e3) - 60) <= 2
+
+
+def _loss_then(rng: np.random.Generator, t0: int, after: np.ndarray, sigma: float
+               ) -> np.ndarray:
+    """A loss that falls to a floor of 1.0, then from ``t0`` is multiplied by ``after``."""
+    s = np.arange(N)
+    y = 1.0 + 2.0 * np.exp(-s / 20) * (s < t0)
+    y[t0:] *= after[:N - t0]
+    return y * np.exp(rng.normal(0, sigma, N))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("sigma", (0.02, 0.05, 0.1))
+@pytest.mark.parametrize("t0", (N // 3, N // 2, N - N // 20))
+def test_a_departure_by_a_jump_is_dated_to_its_step(t0: int, sigma: float, seed: int) -> None:
+    """The loss leaves its best level at one step (x3, and stays): the departure is that
+    step, though the smoothed series crosses half a window later."""
+    from tracealyze.analyzer.stats import robust
+
+    rng = np.random.default_rng(seed)
+    raw = _loss_then(rng, t0, np.full(N, 3.0), sigma)
+    w = 9
+    sm = robust.rolling_median(raw, w)
+    best = int(np.argmin(sm[:t0]))
+    level = float(sm[best]) + 0.1 * (3.0 - float(sm[best]))
+    assert eng.departure(raw, sm, best, level, w) == t0
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("t0", (N // 3, N // 2))
+def test_a_departure_by_a_ramp_is_dated_where_it_cleared_a_tenth_of_the_rise(
+        t0: int, seed: int) -> None:
+    """A loss that rises linearly x4 over 100 steps: dated where it has risen a tenth of the
+    way (within the noise's reach: 5% of the run), never before the ramp."""
+    from tracealyze.analyzer.stats import robust
+
+    rng = np.random.default_rng(10 + seed)
+    ramp = 1.0 + 3.0 * np.clip(np.arange(N) / 100, 0, 1)
+    raw = _loss_then(rng, t0, ramp, 0.03)
+    w = 9
+    sm = robust.rolling_median(raw, w)
+    best = int(np.argmin(sm[:t0 + 1]))
+    level = float(sm[best]) + 0.1 * (4.0 - float(sm[best]))
+    got = eng.departure(raw, sm, best, level, w)
+    assert t0 <= got <= t0 + 10 + TOL, (t0, got)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("fall", (0, 10, 40))
+def test_settle_dates_a_plateau_where_its_descent_ended(fall: int, seed: int) -> None:
+    """A loss that falls for ``fall`` points, then sits at its level with noise: the plateau
+    begins where the fall ended (within two points); one with no fall begins at once,
+    whatever its noise."""
+    rng = np.random.default_rng(20 + seed)
+    y = np.full(200, 2.0) * np.exp(rng.normal(0, 0.01, 200))
+    y[:fall] = 2.0 * (1 + np.linspace(1.0, 0.1, fall))
+    got = eng.settle(y, 0, 0.05)
+    assert abs(got - fall) <= 2, (fall, got)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.onset import departure
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -140,13 +141,7 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
     # onset: the first raw loss after the best that leaves the best level by a tenth of
     # the rise, and the smoothed loss stays above that from there
     onset_level = best + 0.1 * min(end - best, 10 * max(ref, abs(best)))
-    raw_after = loss[ib:]
-    stays = np.flatnonzero(after <= onset_level)
-    from_i = int(stays[-1]) + 1 if len(stays) else 0
-    above = np.flatnonzero(raw_after[:from_i + 1] > onset_level)
-    i0 = int(above[above >= max(0, from_i - w)][0]) if (above >= max(0, from_i - w)).any() \
-        else from_i
-    first = int(step[min(ib + i0, len(step) - 1)])
+    first = int(step[min(departure(loss, sm, ib, onset_level, w), len(step) - 1)])
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
     # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)
     # its final level: the jump that caused it comes before that

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.onset import settle
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -107,14 +108,7 @@ def _start(x: np.ndarray, y: np.ndarray, min_len: float, th: Thresholds) -> int 
     # dated where the loss settled into the plateau's band, not where the tail that is no
     # longer falling begins (a fall in the first steps before a long flat stretch is part
     # of that tail, but the plateau starts where it ends)
-    band = float(np.median(y[plateau_i:])) * (1 + float(th.flat_band))
-    above = np.flatnonzero(y[plateau_i:] > band)
-    above = above[above < (npts - plateau_i) // 5]  # (the settling: later noise is noise)
-    # only a real descent is trimmed: the points before the settling lie above the band as
-    # a whole (their median), not a few noisy ones on a flat loss
-    if len(above) and float(np.median(y[plateau_i:plateau_i + int(above[-1]) + 1])) > band:
-        plateau_i += int(above[-1]) + 1
-    return plateau_i
+    return settle(y, plateau_i, float(th.flat_band))
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
