@@ -6,9 +6,9 @@ memory_leak and cuda_oom: :func:`regime_start`, :func:`steady_onset`, :func:`int
 :func:`filling`;
 loss_spike: ``periodic``; the step data every loss detector reads: ``shift``), so one
 principle dates them: an onset is the first step of the new regime, found on the series
-itself, never a threshold crossing some steps later. (loss_divergence dates its rise with
-:func:`departure` and loss_plateau its start with :func:`settle`; the vanishing-gradient
-windows still date by their own rule.)
+itself, never a threshold crossing some steps later. (loss_divergence dates its rise and
+vanishing_gradient its fall with :func:`departure`, loss_plateau its start with
+:func:`settle`.)
 
 The kinds of change, each with its primitive:
 

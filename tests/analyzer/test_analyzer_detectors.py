@@ -174,6 +174,27 @@ def test_vanishing_gradient_early_layers(tmp_path):
     assert f["severity"] == "warning"
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("at", [0, 60, 120])
+def test_vanishing_gradient_is_dated_where_the_gradient_fell(tmp_path, at, seed):
+    """The first layer's gradient collapses x1e-6 at ``at`` (a saturating block, a cut
+    graph), with per-step noise: dated there by the onset engine (before, the finding said
+    the first step of its judged window, the second half of the run)."""
+    rng = np.random.default_rng(seed)
+
+    def norm(s, name, kind):
+        if kind != "grad":
+            return None
+        g = 0.05 * np.exp(rng.normal(0, 0.3, len(s)))
+        if name.startswith("layers.0."):
+            g[s >= at] *= 1e-6
+        return g
+    run = make_run(tmp_path, steps=200, tensors=8, tensor_norm=norm)
+    (f,) = found(run, "vanishing_gradient")
+    assert f["subject"].startswith("layers.0.") and abs(f["first_step"] - at) <= 1, (
+        f["first_step"], at)
+
+
 def test_vanishing_gradient_negative_small_but_proportionate(tmp_path):
     # all layers have small gradients relative to weights but none is tiny vs the others
     run = make_run(tmp_path, steps=200, tensors=8,

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.onset import departure
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -46,7 +47,10 @@ DOC = {
             "that scatter as a decline), receives no gradient by construction (an attention key "
             "bias, rounding noise under bf16): info, not a trend. So does a parameter the "
             "model's structure makes zero (a bias right before BatchNorm/InstanceNorm, seen by "
-            "the recorder in the first forward), whatever its numbers.",
+            "the recorder in the first forward), whatever its numbers. Dated where the "
+            "worst tensor's gradient fell below max_rel_median × the median layer's for "
+            "good (the onset engine's departure), or its first step when it never was "
+            "above that.",
     "fixes": "Use ReLU/GELU instead of saturating sigmoid/tanh, residual connections, "
              "normalisation (LayerNorm/BatchNorm), better init (Kaiming/Xavier); check for "
              "detach()/no_grad cutting the graph.",
@@ -115,6 +119,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # float noise of its numbers
     built = _structure.structure(ctx)["zero_by_construction"]
     no_grad = sorted(set(no_grad) | {i for i, n in enumerate(names) if n in built})
+    g_all = g
     g, w = g[:, start:], w[:, start:]
     present = ~np.isnan(g)
     if present.sum(axis=1).max(initial=0) < th.min_points:
@@ -143,7 +148,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     worst = bad[int(np.argmin(rel))]
     tb = _data.tensor_buckets(ctx)
     s = grads[names[worst]]
-    first_bucket = start + int(np.flatnonzero(hit[worst])[0])
+    first_bucket = _onset(g_all[worst], med_all, start, float(th.max_rel_median))
+    if first_bucket is None:
+        first_bucket = start + int(np.flatnonzero(hit[worst])[0])
     first_step = int(s["step0"][np.searchsorted(s["bucket"], first_bucket)]
                      if first_bucket <= s["bucket"].max() else s["step0"][-1])
     gmed = float(np.nanmedian(finite_g[worst])) if np.isfinite(finite_g[worst]).any() else None
@@ -172,6 +179,27 @@ COLLAPSE = 100.0
 """The median layer's gradient falling this many times from the first steps (at
 initialisation, before a bad learning rate does its damage) to the late window is a collapse
 of the whole model (dead units, saturated norms), not a depth effect."""
+
+
+def _onset(g: np.ndarray, med: np.ndarray, start: int, rel: float) -> int | None:
+    """The bucket where a tensor's gradient fell below ``rel`` × the median layer's for good
+    (the onset engine's departure, on the negated log ratio; exact zeros are far below):
+    its first bucket when it was never above that bar before the judged window ``start``.
+    None without enough points."""
+    with np.errstate(invalid="ignore"):
+        r = np.where(np.isneginf(g), -50.0, g - med)
+    idx = np.flatnonzero(np.isfinite(r))
+    if len(idx) < 3:
+        return None
+    x = -r[idx]
+    wv = max(3, len(x) // 20)
+    sm = _stats.rolling_median(x, wv)
+    bar = -math.log(rel)
+    before = max(1, int(np.searchsorted(idx, start)))
+    best = int(np.argmin(sm[:before]))
+    if sm[best] > bar:
+        return int(idx[0])
+    return int(idx[min(departure(x, sm, best, bar, wv), len(idx) - 1)])
 
 
 def _collapse_note(ctx: Context, early_med: np.ndarray, late_med: float | None) -> str:
