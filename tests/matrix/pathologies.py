@@ -23,6 +23,7 @@ STEP_TOLERANCE = 2     # first_step must be within this many steps of the truth
 LOG0_STEP = 200        # log0: a hand-written loss takes log(0) here
 RESCALE_STEP = 150     # loss_x2: the objective is multiplied by 2 from here (a loss weight)
 BAD_BATCH_STEP = 170   # bad_batch: one batch's loss is 100x the others' here
+STALL_EVERY = 50       # periodic_stall: a synchronous checkpoint every this many steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +88,11 @@ class Pathology:
     (a new head put in after ``AdamW(model.parameters())``): it trains in no param group."""
     keep_outputs_from: int | None = None
     """From this step, every leaf module's output is kept (detached) in a list."""
+    stall_every: int = 0
+    stall_s: float = 0.0
+    """Every ``stall_every`` steps the training process stops for ``stall_s`` (a checkpoint
+    written synchronously: time.sleep, the process's CPU at 0%), on the step that ends the
+    cycle."""
     workers: int = 0
     worker_delay_s: float = 0.0
     """DataLoader worker processes, and the seconds each takes to make a batch."""
@@ -211,6 +217,11 @@ PATHOLOGIES: dict[str, Pathology] = {
     # is the loop's structure
     "multitask": Pathology(truth=Truth(),
                            loss_factor=lambda step: 3.0 if step % 4 == 3 else 1.0),
+    # a checkpoint saved synchronously every 50 steps (0.3 s of 5-30 ms steps: 15-40% of
+    # the wall time), the training's own periodic stall whatever the machine's load
+    "periodic_stall": Pathology(
+        truth=Truth(ids=("step_time_outlier",), step=STALL_EVERY - 1),
+        stall_every=STALL_EVERY, stall_s=0.3),
     # one corrupt batch (a sample 100x out of scale): found at its own step, whatever it
     # sets off afterwards
     "bad_batch": Pathology(

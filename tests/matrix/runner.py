@@ -211,6 +211,8 @@ def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
             if p.clip is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), p.clip)
             opt.step()
+            if p.stall_every and step % p.stall_every == p.stall_every - 1:
+                time.sleep(p.stall_s)  # a checkpoint written synchronously
             rec.step(loss=loss.detach().float())
             if p.leak_from is not None and step >= p.leak_from:
                 kept.append(loss)  # a loss history kept without .item(): graph and all

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...stats.periodic import MIN_CYCLES
 from ...stats.steptime import outliers
 from .. import anchors
 from ..findings import Finding
@@ -43,7 +44,8 @@ DOC = {
             "process's own CPU fell below half its median during them. Steps "
             "where the recorder computed full statistics or profiled are not judged. When "
             "the outliers cost ≥ min_excess_s, the message says when most of their extra "
-            "time was data wait, and when 3 or more come exactly N steps apart (below that "
+            "time was data wait, and when 4 or more come exactly N steps apart with more "
+            "than half of that phase's steps slow (dated then at the first of them; below that "
             "they cost nothing that matters, and a few ms of periodic noise, such as the "
             "recorder's writer waking every 64 queued items on a 2-core machine, is no "
             "schedule of the training's to report).",
@@ -70,12 +72,13 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if best is None or share > best["share"]:
             ends = d["time"][sel][out]
             best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
-                    "steps": step[out], "durs": dur[out], "ends": ends,
+                    "steps": step[out], "durs": dur[out], "ends": ends, "all_steps": step,
                     "threshold": rule["threshold"],
                     "waits": _extra_wait(d["data_wait_s"][sel], out)}
     if best is None:
         return []
-    cause, period = _cause(best) if best["excess"] >= th.min_excess_s else ("", None)
+    cause, sched = _cause(best) if best["excess"] >= th.min_excess_s else ("", None)
+    period = sched[0] if sched is not None else None
     # A stall that keeps a schedule (every N steps) or during which this process idled
     # is the training's own, whatever else the machine was doing (issue 45, item 6).
     busy = (None if period is not None else
@@ -84,10 +87,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
            and best["excess"] >= th.min_excess_s and busy is None else "info")
     n = len(best["steps"])
     i = int(np.argmax(best["durs"]))
+    # a schedule leads: dated at its first slow step, counted apart from stray slow steps
+    on = (best["steps"] % sched[0] == sched[1]) if sched is not None else \
+        np.ones(n, dtype=bool)
+    first = int(best["steps"][on][0])
+    title = (f"{int(on.sum())} stalls every {sched[0]} steps" if sched is not None else
+             f"{n} slow step{'s' if n > 1 else ''}")
     return [Finding(
-        id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=int(best["steps"][0]),
-        title=f"{n} slow step{'s' if n > 1 else ''} (up to {best['durs'][i] / best['med']:.1f}×"
-              f" the median)",
+        id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=first,
+        title=f"{title} (up to {best['durs'][i] / best['med']:.1f}× the median)",
         message=(f"{n} step(s) on rank {best['rank']} took far longer than the median "
                  f"{1e3 * best['med']:.1f} ms (the slowest, step {int(best['steps'][i])}, "
                  f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
@@ -114,43 +122,76 @@ def _extra_wait(wait: np.ndarray, out: np.ndarray) -> float | None:
     return float(np.nansum(np.maximum(wait[out] - typical, 0.0)))
 
 
-def _cause(best: dict[str, Any]) -> tuple[str, int | None]:
+def _cause(best: dict[str, Any]) -> tuple[str, tuple[int, int] | None]:
     """What the slow steps have in common, as a sentence (or ""), and their period: where
     most of their extra time was spent waiting for the batch, the input pipeline stalled,
-    not the model; where 3 or more come exactly N steps apart, the cause is periodic (a
+    not the model; where 4 or more come exactly N steps apart, the cause is periodic (a
     stall every epoch or every N steps is a schedule, not chance)."""
-    period = _period(best["steps"], best["durs"] - best["med"])
+    sched = _period(best["steps"], best["durs"] - best["med"], best["all_steps"])
+    period = sched[0] if sched is not None else None
     data = best["waits"] is not None and best["waits"] >= 0.5 * best["excess"]
     text = ""
     if data:
         text += (f" {best['waits']:.1f} s of it was spent waiting for the next batch: the "
                  "input pipeline stalled there, not the model.")
-    if period is not None:
-        text += f" They come every {period} steps"
+    if sched is not None:
+        on = best["steps"][best["steps"] % period == sched[1]]
+        text += (f" {len(on)} of them come every {period} steps (from step {int(on[0])})")
         text += (": likely the DataLoader restarting at each epoch (its worker processes "
                  "start again unless persistent_workers=True, and the first batches load "
                  "before training goes on), or a periodic job that reads data." if data else
                  ": a periodic cause (a checkpoint, an evaluation or logging every "
                  f"{period} steps, or the epoch boundary).")
-    return text, period
+    return text, sched
 
 
-def _period(steps: np.ndarray, excess: np.ndarray) -> int | None:
-    """N when the slow steps keep a schedule: 3 or more of them on one phase of a period N
-    (a gap between two of them), holding at least two thirds of their excess time. A stray
-    slow step between them (a busy machine) does not break the schedule."""
+FAMILY = 10.0
+"""Slow steps whose excess time is within this factor of the costliest are one family (what
+a schedule would be made of): loss_spike's DOMINANT, for time."""
+
+
+def _period(steps: np.ndarray, excess: np.ndarray, judged: np.ndarray | None = None
+            ) -> tuple[int, int] | None:
+    """(N, phase) when the slow steps keep a schedule: MIN_CYCLES (4) or more of them on one
+    phase of a period N (a gap between two of them), holding at least two thirds of
+    their excess time, and keeping the appointment: more than half of the ``judged``
+    steps on that phase, from its first slow one to its last, are slow
+    (stats/periodic.py's principle: a design shows in most cycles; a 300 ms checkpoint
+    every 50 steps among noise-slow steps is every 50, not "every 2" because half the
+    odd steps are slow too). A stray slow step between them (a busy machine) does not
+    break the schedule."""
     steps, excess = np.asarray(steps, dtype=np.int64), np.asarray(excess, dtype=np.float64)
+    judged = steps if judged is None else np.asarray(judged, dtype=np.int64)
+    # the costly family: a checkpoint's or an evaluation's stalls are within an order of
+    # magnitude of each other; a busy machine's 2-5x slow steps, ~100x smaller, are another
+    # family, and their many small excesses must not dilute the schedule's share
+    if len(excess):
+        fam = excess >= float(np.max(excess)) / FAMILY
+        steps, excess = steps[fam], excess[fam]
     if len(steps) > 200:  # (bounded work: the 200 costliest, in step order)
         keep = np.sort(np.argsort(excess)[-200:])
         steps, excess = steps[keep], excess[keep]
     total = float(np.sum(excess))
     best: tuple[float, int] | None = None
-    for gap in sorted({int(g) for g in np.diff(steps) if g > 1}):
+    # candidate periods: the gaps between consecutive slow steps, and between any two of
+    # the 20 costliest (noise-slow steps between two checkpoints hide their gap otherwise)
+    top = np.sort(steps[np.argsort(excess)[-20:]])
+    gaps = {int(g) for g in np.diff(steps) if g > 1} | {
+        int(b - a) for i, a in enumerate(top) for b in top[i + 1:] if b - a > 1}
+    for gap in sorted(gaps):
         for phase in {int(s) % gap for s in steps}:
             on = steps % gap == phase
             share = float(np.sum(excess[on])) / total if total > 0 else 0.0
-            if on.sum() >= 3 and share >= 2 / 3 and (best is None or share > best[0]):
-                best = (share, gap)
+            if on.sum() < MIN_CYCLES or share < 2 / 3:
+                continue
+            lo, hi = int(steps[on][0]), int(steps[on][-1])
+            cycles = int(np.sum((judged % gap == phase) & (judged >= lo) & (judged <= hi)))
+            # the appointment best kept (the share of its cycles that were slow), then the
+            # most time explained: every 50, not every 25 because one noise-slow step sits
+            # between two checkpoints
+            key = (int(on.sum()) / max(cycles, 1), share)
+            if 2 * int(on.sum()) > cycles and (best is None or key > best[0]):
+                best = (key, (gap, phase))
     return best[1] if best is not None else None
 
 
