@@ -163,3 +163,32 @@ def phase_level(step: np.ndarray, dev: np.ndarray, sigma: float,
                 k += 1
         return Pattern(period, tuple(high), span // period)
     return None
+
+
+ONE_PHASE_CHANCE = 1e-3
+"""Largest chance, P^-(k-1), that k events at random steps all fall on one phase of a period P
+for :func:`one_phase` to call them an appointment (8 spikes on one phase of 3: 5e-4; 4 random
+spikes on one parity: 0.125, which is chance)."""
+
+
+def one_phase(steps: np.ndarray, max_period: int = MAX_PERIOD) -> Pattern | None:
+    """Events (spike steps) that all fall on one phase of a period P: a round-robin loop's task
+    whose loss is far above the others' until it learns, then not (its phase's median over
+    the whole run is no deviation, so :func:`phase_pattern` cannot see it). The appointment:
+    at least MIN_CYCLES events, all on one phase of the smallest such P that chance would
+    not explain (P^-(k-1) ≤ ONE_PHASE_CHANCE), and kept: more than half of that phase's
+    steps from the first event to the last are events. None otherwise."""
+    steps = np.unique(np.asarray(steps, dtype=np.int64))
+    k = len(steps)
+    if k < MIN_CYCLES:
+        return None
+    span = int(steps[-1] - steps[0])
+    for period in range(2, min(max_period, span) + 1):
+        if len(np.unique(steps % period)) != 1:
+            continue
+        if float(period) ** (1 - k) > ONE_PHASE_CHANCE:
+            continue
+        cycles = span // period + 1
+        if 2 * k > cycles:
+            return Pattern(period, (int(steps[0] % period),), cycles)
+    return None

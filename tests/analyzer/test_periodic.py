@@ -82,3 +82,29 @@ def test_a_growing_series_keeps_no_appointment() -> None:
     z = np.zeros(36)
     z[step % 4 == 3] = 10.0 ** (1 + step[step % 4 == 3] / 4)
     assert phase_pattern(step, z, Z) is None
+
+
+def test_spikes_that_all_keep_one_phase_are_an_appointment() -> None:
+    """A round-robin loop of 3 tasks whose first task's loss is far above the others' until
+    it learns (8 spikes over the first 35 steps, all at step mod 3 = 0): the loop's."""
+    from tracealyze.analyzer.stats.periodic import one_phase
+
+    got = one_phase(np.array([3, 6, 12, 15, 18, 27, 30, 33]))
+    assert got is not None and got.period == 3 and got.phases == (0,)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_spikes_are_no_appointment(seed: int) -> None:
+    """4-12 spikes at random steps of a 300-step run (an unstable learning rate): chance
+    puts a few on one parity, never all of them with the appointment kept."""
+    from tracealyze.analyzer.stats.periodic import one_phase
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(4, 13))
+    assert one_phase(np.sort(rng.choice(np.arange(300), k, replace=False))) is None
+
+
+def test_four_spikes_on_one_parity_are_chance() -> None:
+    from tracealyze.analyzer.stats.periodic import one_phase
+
+    assert one_phase(np.array([10, 14, 22, 30])) is None  # 2^-3 = 0.125

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
-from ...stats.periodic import Pattern, phase_level, phase_pattern
+from ...stats.periodic import Pattern, one_phase, phase_level, phase_pattern
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -39,7 +39,10 @@ DOC = {
             "over ≥ 4 cycles is itself a spike (a multi-task loop, a curriculum, an eval "
             "every N steps: stats/periodic.py), or a phase whose median log loss stands "
             "above the others' cycle after cycle (phase_level: a second task at 3x the loss "
-            "under a CNN's per-batch noise), are the loop's structure: explained, and "
+            "under a CNN's per-batch noise), or spikes that all fall on one phase of a period "
+            "(at least 4, chance under 1e-3, more than half of that phase's steps over their "
+            "span: a round-robin task whose loss is far above the others' until it learns), "
+            "are the loop's structure: explained, and "
             "reported at info when nothing else remains. Events are spikes and throws (a "
             "one-step jump of DOMINANT x min_rel_jump above the level from a step still at "
             "it, whether or not it came back: the model knocked back, or into NaN), one "
@@ -237,6 +240,16 @@ def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
         if rel is not None and (pattern is None or sum(map(rel.explains, step[idx])) > sum(
                 map(pattern.explains, step[idx]))):
             pattern = rel
+    # (or the spikes it leaves keep an appointment of their own: a round-robin task far
+    # above the others until it learns, on another phase of the same loop)
+    rest = [i for i in idx if pattern is None or not pattern.explains(int(step[i]))]
+    extra = one_phase(step[rest]) if rest else None
+    if extra is not None:
+        if pattern is not None and extra.period == pattern.period:
+            pattern = Pattern(pattern.period, tuple(sorted({*pattern.phases, *extra.phases})),
+                              pattern.cycles)
+        elif pattern is None or not any(pattern.explains(int(step[i])) for i in idx):
+            pattern = extra
     by_design: list[int] = []
     if pattern is not None and len(idx):
         by_design = [i for i in idx if pattern.explains(int(step[i]))]
@@ -291,7 +304,7 @@ def _structure(r: int, step: np.ndarray, idx: list[int], pattern: Any) -> Findin
         id=ID, severity="info", subject="loss", first_step=int(step[idx[0]]),
         title=f"The loss rises every {pattern.period} steps: the loop's structure",
         message=(f"The loss is higher at the same point of a fixed cycle, {pattern.text()} "
-                 "(more than half the cycles at that phase): a multi-task loop, a "
+                 "(cycle after cycle, while it lasts): a multi-task loop, a "
                  "curriculum, an evaluation or a data source every N steps, not an "
                  "accident."),
         advice="Nothing to fix if this is by design; log each task's loss as its own "
