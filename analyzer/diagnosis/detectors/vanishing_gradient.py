@@ -137,6 +137,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     bad = [i for i in range(len(names))
            if present[i].sum() >= th.min_points and frac[i] >= th.min_frac]
     dead = [i for i in no_grad if i in set(bad) or names[i] in built]
+    # A parameter below the bar from its first step did not vanish: it never had a
+    # gradient, whatever its tiny level did later (an MLP-Mixer's token bias before
+    # LayerNorm, 1e-9 of the median layer, falls further when the learning rate jumps). When
+    # its module's other parameters learn, it is zero by construction too (info); a whole
+    # layer below the bar from the start (a deep sigmoid stack) stays a vanishing gradient.
+    dead += [i for i in bad if i not in set(dead) and _never_above(
+        g_all[i], med_all, start, float(th.max_rel_median)) and any(
+        n.rpartition(".")[0] == names[i].rpartition(".")[0] and n not in tiny
+        for j, n in enumerate(names) if j != i and j not in set(bad))]
     bad = [i for i in bad if i not in set(dead)]
     info = [_zero_by_construction([names[i] for i in dead], len(names), built)] if dead \
         else []
@@ -181,11 +190,18 @@ initialisation, before a bad learning rate does its damage) to the late window i
 of the whole model (dead units, saturated norms), not a depth effect."""
 
 
-def _onset(g: np.ndarray, med: np.ndarray, start: int, rel: float) -> int | None:
+def _never_above(g: np.ndarray, med: np.ndarray, start: int, rel: float) -> bool:
+    """Was the tensor's gradient below ``rel`` × the median layer's from its first bucket on?"""
+    got = _onset(g, med, start, rel, with_never=True)
+    return bool(got is not None and got[1])
+
+
+def _onset(g: np.ndarray, med: np.ndarray, start: int, rel: float, with_never: bool = False
+           ) -> Any:
     """The bucket where a tensor's gradient fell below ``rel`` × the median layer's for good
     (the onset engine's departure, on the negated log ratio; exact zeros are far below):
-    its first bucket when it was never above that bar before the judged window ``start``.
-    None without enough points."""
+    its first bucket when it was never above that bar before the judged window ``start``
+    (with ``with_never``: (bucket, whether it never was)). None without enough points."""
     with np.errstate(invalid="ignore"):
         r = np.where(np.isneginf(g), -50.0, g - med)
     idx = np.flatnonzero(np.isfinite(r))
@@ -197,9 +213,9 @@ def _onset(g: np.ndarray, med: np.ndarray, start: int, rel: float) -> int | None
     bar = -math.log(rel)
     before = max(1, int(np.searchsorted(idx, start)))
     best = int(np.argmin(sm[:before]))
-    if sm[best] > bar:
-        return int(idx[0])
-    return int(idx[min(departure(x, sm, best, bar, wv), len(idx) - 1)])
+    never = bool(sm[best] > bar)
+    at = int(idx[0]) if never else int(idx[min(departure(x, sm, best, bar, wv), len(idx) - 1)])
+    return (at, never) if with_never else at
 
 
 def _collapse_note(ctx: Context, early_med: np.ndarray, late_med: float | None) -> str:
