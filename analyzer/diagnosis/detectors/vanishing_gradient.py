@@ -47,7 +47,9 @@ DOC = {
             "that scatter as a decline), receives no gradient by construction (an attention key "
             "bias, rounding noise under bf16): info, not a trend. So does a parameter the "
             "model's structure makes zero (a bias right before BatchNorm/InstanceNorm, seen by "
-            "the recorder in the first forward), whatever its numbers. Dated where the "
+            "the recorder in the first forward), whatever its numbers, and a parameter "
+            "below max_rel_median × the median layer from its first step while its module's "
+            "other parameters learn (it never had a gradient to lose). Dated where the "
             "worst tensor's gradient fell below max_rel_median × the median layer's for "
             "good (the onset engine's departure), or its first step when it never was "
             "above that.",
