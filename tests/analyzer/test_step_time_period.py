@@ -55,3 +55,15 @@ def test_the_finding_leads_with_the_schedule(tmp_path):
     (f,) = [f for f in build_summary(run)["findings"] if f["id"] == "step_time_outlier"]
     assert f["first_step"] == 49 and f["evidence"]["period_steps"] == 50
     assert f["title"].startswith("6 stalls every 50 steps"), f["title"]
+
+
+def test_a_schedule_that_costs_a_third_of_a_short_run_is_a_warning(tmp_path):
+    """An evaluation pass every 25 steps of a 200-step run: 8 x 70 ms on 4 ms steps, 0.5 s
+    in all (under min_excess_s) but a third of the run's time: a schedule of costly stalls
+    is no noise, its share decides."""
+    d = np.full(200, 0.004)
+    d[24::25] = 0.07
+    run = make_run(tmp_path, steps=200, duration=d, data_wait=np.zeros(200))
+    (f,) = [f for f in build_summary(run)["findings"] if f["id"] == "step_time_outlier"]
+    assert f["severity"] == "warning" and f["first_step"] == 24
+    assert f["evidence"]["period_steps"] == 25

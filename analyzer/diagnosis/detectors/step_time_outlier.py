@@ -36,19 +36,18 @@ DEFAULTS: dict[str, Any] = {
 DOC = {
     "meaning": "Some steps take much longer than the rest (stalls, GC, checkpoints, syncs).",
     "rule": "after warm-up, duration − median > z × 1.4826·MAD and > min_rel × median; info "
-            "unless the excess time of the outliers is ≥ warn_time_share of the total and "
-            "≥ min_excess_s seconds, and the machine was not busy with other work during "
-            "the slow steps (system table CPU ≥ busy_cpu_percent and 20 points above its "
-            "median, or other processes using ≥ others_cores cores then) — unless the stall "
-            "is the training's own: its slow steps come exactly N steps apart, or the "
-            "process's own CPU fell below half its median during them. Steps "
-            "where the recorder computed full statistics or profiled are not judged. When "
-            "the outliers cost ≥ min_excess_s, the message says when most of their extra "
-            "time was data wait, and when 4 or more come exactly N steps apart with more "
-            "than half of that phase's steps slow (dated then at the first of them; below that "
-            "they cost nothing that matters, and a few ms of periodic noise, such as the "
-            "recorder's writer waking every 64 queued items on a 2-core machine, is no "
-            "schedule of the training's to report).",
+            "unless the excess time of the outliers is ≥ warn_time_share of the total and ≥ "
+            "min_excess_s seconds (or they keep a schedule, below), and the machine was not busy "
+            "with other work during the slow steps (system table CPU ≥ busy_cpu_percent and 20 "
+            "points above its median, or other processes using ≥ others_cores cores then) — "
+            "unless the stall is the training's own: its slow steps come exactly N steps apart, "
+            "or the process's own CPU fell below half its median during them. Steps where the "
+            "recorder computed full statistics or profiled are not judged. When the outliers cost"
+            " ≥ min_excess_s, the message says when most of their extra time was data wait, and "
+            "when 4 or more come exactly N steps apart with more than half of that phase's steps "
+            "slow (dated then at the first of them; below that they cost nothing that matters, "
+            "and a few ms of periodic noise, such as the recorder's writer waking every 64 queued"
+            " items on a 2-core machine, is no schedule of the training's to report).",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
 }
@@ -77,14 +76,23 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                     "waits": _extra_wait(d["data_wait_s"][sel], out)}
     if best is None:
         return []
-    cause, sched = _cause(best) if best["excess"] >= th.min_excess_s else ("", None)
+    # what the slow steps have in common, when they cost something that matters: a second
+    # in all, or (a schedule of them, however short the run) warn_time_share of its time; a
+    # few ms every 64 steps (the recorder's writer waking on a 2-core machine) are neither
+    cause, sched = _cause(best)
+    if best["excess"] < th.min_excess_s and (
+            sched is None or best["share"] < th.warn_time_share):
+        cause, sched = "", None
     period = sched[0] if sched is not None else None
     # A stall that keeps a schedule (every N steps) or during which this process idled
     # is the training's own, whatever else the machine was doing (issue 45, item 6).
     busy = (None if period is not None else
             _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores)))
+    # (a schedule of at least 4 costly stalls is no noise: its share of the run decides,
+    # however short the run; stray slow steps must also cost min_excess_s)
     sev = ("warning" if best["share"] >= th.warn_time_share
-           and best["excess"] >= th.min_excess_s and busy is None else "info")
+           and (best["excess"] >= th.min_excess_s or sched is not None)
+           and busy is None else "info")
     n = len(best["steps"])
     i = int(np.argmax(best["durs"]))
     # a schedule leads: dated at its first slow step, counted apart from stray slow steps
