@@ -144,8 +144,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # LayerNorm, 1e-9 of the median layer, falls further when the learning rate jumps). When
     # its module's other parameters learn, it is zero by construction too (info); a whole
     # layer below the bar from the start (a deep sigmoid stack) stays a vanishing gradient.
-    dead += [i for i in bad if i not in set(dead) and _never_above(
-        g_all[i], med_all, start, float(th.max_rel_median)) and any(
+    dead += [i for i in bad if i not in set(dead) and (_onset(
+        g_all[i], med_all, start, float(th.max_rel_median)) or (0, False))[1] and any(
         n.rpartition(".")[0] == names[i].rpartition(".")[0] and n not in tiny
         for j, n in enumerate(names) if j != i and j not in set(bad))]
     bad = [i for i in bad if i not in set(dead)]
@@ -159,9 +159,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     worst = bad[int(np.argmin(rel))]
     tb = _data.tensor_buckets(ctx)
     s = grads[names[worst]]
-    first_bucket = _onset(g_all[worst], med_all, start, float(th.max_rel_median))
-    if first_bucket is None:
-        first_bucket = start + int(np.flatnonzero(hit[worst])[0])
+    onset = _onset(g_all[worst], med_all, start, float(th.max_rel_median))
+    first_bucket = onset[0] if onset is not None else \
+        start + int(np.flatnonzero(hit[worst])[0])
     first_step = int(s["step0"][np.searchsorted(s["bucket"], first_bucket)]
                      if first_bucket <= s["bucket"].max() else s["step0"][-1])
     gmed = float(np.nanmedian(finite_g[worst])) if np.isfinite(finite_g[worst]).any() else None
@@ -192,18 +192,12 @@ initialisation, before a bad learning rate does its damage) to the late window i
 of the whole model (dead units, saturated norms), not a depth effect."""
 
 
-def _never_above(g: np.ndarray, med: np.ndarray, start: int, rel: float) -> bool:
-    """Was the tensor's gradient below ``rel`` × the median layer's from its first bucket on?"""
-    got = _onset(g, med, start, rel, with_never=True)
-    return bool(got is not None and got[1])
-
-
-def _onset(g: np.ndarray, med: np.ndarray, start: int, rel: float, with_never: bool = False
-           ) -> Any:
+def _onset(g: np.ndarray, med: np.ndarray, start: int, rel: float
+           ) -> tuple[int, bool] | None:
     """The bucket where a tensor's gradient fell below ``rel`` × the median layer's for good
     (the onset engine's departure, on the negated log ratio; exact zeros are far below):
-    its first bucket when it was never above that bar before the judged window ``start``
-    (with ``with_never``: (bucket, whether it never was)). None without enough points."""
+    its first bucket when it was never above that bar before the judged window ``start``.
+    (bucket, whether it never was above the bar); None without enough points."""
     with np.errstate(invalid="ignore"):
         r = np.where(np.isneginf(g), -50.0, g - med)
     idx = np.flatnonzero(np.isfinite(r))
@@ -217,7 +211,7 @@ def _onset(g: np.ndarray, med: np.ndarray, start: int, rel: float, with_never: b
     best = int(np.argmin(sm[:before]))
     never = bool(sm[best] > bar)
     at = int(idx[0]) if never else int(idx[min(departure(x, sm, best, bar, wv), len(idx) - 1)])
-    return (at, never) if with_never else at
+    return at, never
 
 
 def _collapse_note(ctx: Context, early_med: np.ndarray, late_med: float | None) -> str:
