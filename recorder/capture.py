@@ -63,6 +63,8 @@ class StepAccum:
     scaler: bool = False
     ended: float | None = None  # wall time of the rec.step() that closed it
     duration_s: float | None = None
+    cpu_s: float | None = None  # process CPU seconds in the step (cpuclock.py)
+    cpu_queue_s: float | None = None  # training thread's run-queue wait (Linux)
     act_seq: int = 0
     samples: int | None = None  # batch sizes of the micro-batches that arrived (shapes)
     tokens: int | None = None  # their token positions; user_tokens: rec.step(tokens=)
@@ -279,3 +281,5 @@ class StepItem:
     tokens_per_s: float | None = None
     flops: float | None = None
     mfu: float | None = None
+    cpu_s: float | None = None  # cpuclock.py: the process's CPU seconds in the step, and
+    cpu_queue_s: float | None = None  # the training thread's wait for a free CPU

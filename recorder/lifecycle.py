@@ -41,11 +41,12 @@ from .tensors.activations import ActivationCapture, join_pieces
 from .tensors.amp import ScalerHook
 from .tensors.gradients import GradReader, due
 from .tensors.hooks import is_compiling
+from .training.cpuclock import StepClock
 from .training.loader import batch_size_of
 from .training.profiling import ProfilerSchedule
 from .training.sampler import MemoryProbe
 from .training.samples import MAX_IDS
-from .training.throughput import FlopMeter, tokens_of
+from .training.throughput import FlopMeter, step_rates, tokens_of
 from .write.rundir import RunDir
 from .write.writer import Writer
 
@@ -79,6 +80,7 @@ class StepLifecycle:
         self.next_step = first_step  # the number after the last committed step
         self._steps = StepMachine(first_step, reader.signature, self.commit)
         self._last_end = time.time()
+        self._clock = StepClock()  # the step's host CPU and run-queue time (cpuclock.py)
         self._batch_noted = False
         # with an optimizer: this thread until its pre-hook says where training runs
         self._train_thread: int | None = (threading.get_ident() if optimizer is not None
@@ -221,9 +223,12 @@ class StepLifecycle:
                 acc.scaler = True
                 if not acc.has("loss_scale"):  # unscale_ was not called: read it now
                     self.capture_scale(acc)
-            acc.ended = now
-            acc.duration_s = now - self._last_end
+            acc.ended = now  # (a micro-batch folded in adds its time: one optimizer step)
+            acc.duration_s = (acc.duration_s or 0.0) + (now - self._last_end)
             self._last_end = now
+            cpu, queue = self._clock.lap()
+            acc.cpu_s = (acc.cpu_s or 0.0) + cpu
+            acc.cpu_queue_s = None if queue is None else (acc.cpu_queue_s or 0.0) + queue
             if tokens is not None:
                 acc.user_tokens = (acc.user_tokens or 0) + int(tokens)
             if self.flops is not None:  # (ends this step's count, may start the next's)
@@ -345,6 +350,7 @@ class StepLifecycle:
             self.profiler.stop()
         if self.flops is not None:
             self.flops.close()
+        self._clock.close()
 
     @staticmethod
     def _tokens(acc: StepAccum) -> int | None:
@@ -370,15 +376,15 @@ class StepLifecycle:
             heap=self._probe.heap_at_commit() if memory else None,
             cuda=cuda,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
-            compute_s=_compute_s(acc), sample_ids=acc.sample_ids,
-            **_rates(acc, self._tokens(acc), self.flops),
+            compute_s=_compute_s(acc), sample_ids=acc.sample_ids, cpu_s=acc.cpu_s,
+            cpu_queue_s=acc.cpu_queue_s,
+            **step_rates(acc, self._tokens(acc), self.flops),
         )
         self.next_step = acc.step + 1
         self._rundir.step_committed()
         if self.tree is not None:
             self.tree.step_ended(acc.step)
         self._writer.submit(item, "steps")
-
 
 
 def _compute_s(acc: StepAccum) -> float | None:
@@ -390,11 +396,3 @@ def _compute_s(acc: StepAccum) -> float | None:
     start = acc.data_ready if acc.data_ready is not None else acc.opened
     return acc.grad_ready - start if acc.grad_ready > start else None
 
-
-def _rates(acc: StepAccum, tokens: int | None, meter: FlopMeter | None) -> dict[str, Any]:
-    """Throughput and MFU of a step from its duration (None where unknown)."""
-    d = acc.duration_s if acc.duration_s and acc.duration_s > 0 else None
-    return {"samples_per_s": acc.samples / d if d and acc.samples else None,
-            "tokens_per_s": tokens / d if d and tokens else None,
-            "flops": acc.flops,
-            "mfu": meter.mfu(acc.flops, d) if meter is not None else None}

@@ -193,9 +193,20 @@ class FlopMeter:
         return peak_for(torch.cuda.get_device_name(dev), self._precision or "fp32")
 
 
+def step_rates(acc: Any, tokens: int | None, meter: FlopMeter | None) -> dict[str, Any]:
+    """Throughput and MFU of a step (a StepAccum) from its duration (None where unknown)."""
+    d = acc.duration_s if acc.duration_s and acc.duration_s > 0 else None
+    return {"samples_per_s": acc.samples / d if d and acc.samples else None,
+            "tokens_per_s": tokens / d if d and tokens else None,
+            "flops": acc.flops,
+            "mfu": meter.mfu(acc.flops, d) if meter is not None else None}
+
+
 def throughput_columns(run: Any) -> dict[str, Any]:
-    """The ``steps`` columns of a batch of StepItems (None: a column none of them has)."""
+    """The optional ``steps`` columns of a batch of StepItems, throughput and host CPU
+    (None: a column none of them has, e.g. ``cpu_queue_s`` off Linux)."""
     def col(name: str) -> list[Any] | None:
         vals = [getattr(it, name) for it in run]
         return vals if any(v is not None for v in vals) else None
-    return {c: col(c) for c in ("samples_per_s", "tokens_per_s", "flops", "mfu")}
+    return {c: col(c) for c in ("samples_per_s", "tokens_per_s", "flops", "mfu", "cpu_s",
+                                "cpu_queue_s")}

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...stats import hostwait
 from ...stats.periodic import MIN_CYCLES
 from ...stats.steptime import outliers
 from .. import anchors
@@ -36,18 +37,25 @@ DEFAULTS: dict[str, Any] = {
 DOC = {
     "meaning": "Some steps take much longer than the rest (stalls, GC, checkpoints, syncs).",
     "rule": "after warm-up, duration − median > z × 1.4826·MAD and > min_rel × median; info "
-            "unless the excess time of the outliers is ≥ warn_time_share of the total and ≥ "
-            "min_excess_s seconds (or they keep a schedule, below), and the machine was not busy "
-            "with other work during the slow steps (system table CPU ≥ busy_cpu_percent and 20 "
-            "points above its median, or other processes using ≥ others_cores cores then) — "
-            "unless the stall is the training's own: its slow steps come exactly N steps apart, "
-            "or the process's own CPU fell below half its median during them. Steps where the "
-            "recorder computed full statistics or profiled are not judged. When the outliers cost"
-            " ≥ min_excess_s, the message says when most of their extra time was data wait, and "
-            "when 4 or more come exactly N steps apart with more than half of that phase's steps "
-            "slow (dated then at the first of them; below that they cost nothing that matters, "
-            "and a few ms of periodic noise, such as the recorder's writer waking every 64 queued"
-            " items on a 2-core machine, is no schedule of the training's to report).",
+            "unless the excess time of the training's own slow steps is ≥ warn_time_share of "
+            "the total and ≥ min_excess_s seconds (or they keep a schedule, below). Whose a "
+            "slow step is: a stall that keeps a schedule is the training's own; otherwise, "
+            "from the recorder's per-step host figures (steps.cpu_queue_s, Linux), a step is "
+            "the machine's when its training thread waited for a free CPU, beyond the run's "
+            "usual share of such waiting, for ≥ a quarter of its excess time (other processes "
+            "held the CPUs), and the training's own otherwise (its own CPU work when "
+            "steps.cpu_s grew with it, idle by itself when it did not: I/O, a lock, a child "
+            "process, the device). Runs without those figures: the machine was busy when the "
+            "system table's CPU during the slow steps was ≥ busy_cpu_percent and 20 points "
+            "above its median, or other processes used ≥ others_cores cores then, unless the "
+            "process's own CPU fell below half its median. Steps where the recorder computed "
+            "full statistics or profiled are not judged. When the outliers cost ≥ "
+            "min_excess_s, the message says when most of their extra time was data wait, and "
+            "when 4 or more come exactly N steps apart with more than half of that phase's "
+            "steps slow (dated then at the first of them; below that they cost nothing that "
+            "matters, and a few ms of periodic noise, such as the recorder's writer waking "
+            "every 64 queued items on a 2-core machine, is no schedule of the training's to "
+            "report). The finding is dated at the first of the training's own slow steps.",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
 }
@@ -72,8 +80,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             ends = d["time"][sel][out]
             best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
                     "steps": step[out], "durs": dur[out], "ends": ends, "all_steps": step,
-                    "threshold": rule["threshold"],
-                    "waits": _extra_wait(d["data_wait_s"][sel], out)}
+                    "threshold": rule["threshold"], "total": float(dur.sum()),
+                    "waits": _extra_wait(d["data_wait_s"][sel], out),
+                    "host": hostwait.split(dur, d["cpu_queue_s"][sel], d["cpu_s"][sel],
+                                           out, med)}
     if best is None:
         return []
     # what the slow steps have in common, when they cost something that matters: a second
@@ -83,42 +93,77 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if best["excess"] < th.min_excess_s and (
             sched is None or best["share"] < th.warn_time_share):
         cause, sched = "", None
-    period = sched[0] if sched is not None else None
-    # A stall that keeps a schedule (every N steps) or during which this process idled
-    # is the training's own, whatever else the machine was doing (issue 45, item 6).
-    busy = (None if period is not None else
-            _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores)))
-    # (a schedule of at least 4 costly stalls is no noise: its share of the run decides,
-    # however short the run; stray slow steps must also cost min_excess_s)
-    sev = ("warning" if best["share"] >= th.warn_time_share
-           and (best["excess"] >= th.min_excess_s or sched is not None)
-           and busy is None else "info")
     n = len(best["steps"])
-    i = int(np.argmax(best["durs"]))
     # a schedule leads: dated at its first slow step, counted apart from stray slow steps
     on = (best["steps"] % sched[0] == sched[1]) if sched is not None else \
         np.ones(n, dtype=bool)
-    first = int(best["steps"][on][0])
+    # Whose the slow steps are (issue 45, item 6): a stall that keeps a schedule (every N
+    # steps) is the training's own, whatever else the machine was doing; so is one during
+    # which its thread did not wait for a CPU (recorded per step: stats/hostwait.py). Runs
+    # without those figures fall back on the 1 s system samples.
+    host, busy = best["host"], None
+    own = np.ones(n, dtype=bool)
+    if host is not None:
+        own = ~host["machine"] | (on if sched is not None else np.zeros(n, dtype=bool))
+    elif sched is None:
+        busy = _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores))
+    own_excess = float((best["durs"][own] - best["med"]).sum())
+    own_share = own_excess / best["total"]
+    # (a schedule of at least 4 costly stalls is no noise: its share of the run decides,
+    # however short the run; stray slow steps must also cost min_excess_s)
+    sev = ("warning" if own.any() and own_share >= th.warn_time_share
+           and (own_excess >= th.min_excess_s or sched is not None)
+           and busy is None else "info")
+    i = int(np.argmax(best["durs"]))
+    lead = on & own if (on & own).any() else (own if own.any() else on)
+    first = int(best["steps"][lead][0])
+    k, m = int(own.sum()), n - int(own.sum())
     title = (f"{int(on.sum())} stalls every {sched[0]} steps" if sched is not None else
-             f"{n} slow step{'s' if n > 1 else ''}")
+             f"{k} slow step{'s' if k > 1 else ''}" if k else
+             f"{n} slow step{'s' if n > 1 else ''} while the machine was busy")
+    j = int(np.argmax(np.where(own, best["durs"], -1.0))) if k else i
     return [Finding(
         id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=first,
-        title=f"{title} (up to {best['durs'][i] / best['med']:.1f}× the median)",
+        title=f"{title} (up to {best['durs'][j] / best['med']:.1f}× the median)",
         message=(f"{n} step(s) on rank {best['rank']} took far longer than the median "
                  f"{1e3 * best['med']:.1f} ms (the slowest, step {int(best['steps'][i])}, "
                  f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
                  f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)." + cause
+                 + _whose(host, own, own_excess)
                  + (f" The machine was busy with other work meanwhile (CPU {busy[0]:.0f}% "
                     f"during the slow steps, {busy[1]:.0f}% typically): likely not the "
                     "training's own stall." if busy is not None else "")),
         advice=DOC["fixes"], chart=anchors.STEP_TIME,
         evidence={"count": n, "outlier_steps": [int(s) for s in best["steps"][:20]],
+                  "own_steps": [int(s) for s in best["steps"][own][:20]],
+                  "own_excess_s": own_excess, "machine_count": m,
+                  "cpu_wait_share": host["wait_share"] if host else None,
                   "median_s": best["med"], "robust_sigma_s": best["sigma"],
                   "threshold_s": best["threshold"],
                   "max_s": float(best["durs"][i]), "excess_s": best["excess"],
                   "time_share": best["share"], "rank": best["rank"],
-                  "extra_data_wait_s": best["waits"], "period_steps": period,
+                  "extra_data_wait_s": best["waits"],
+                  "period_steps": sched[0] if sched is not None else None,
                   "machine_cpu_pct_during": busy[0] if busy else None})]
+
+
+def _whose(host: dict[str, Any] | None, own: np.ndarray, own_excess: float) -> str:
+    """The sentence on whose the slow steps are, from the per-step host figures."""
+    if host is None:
+        return ""
+    m = int((~own).sum())
+    text = ""
+    if m:
+        text += (f" {'All' if not own.any() else m} of them came while other processes held "
+                 "the CPUs (the training thread waited for a free CPU for "
+                 f"{100 * (host['wait_share'] or 0.0):.0f}% of their extra time): not the "
+                 "training's own stall" + ("." if not own.any() else
+                                           f"; the other {int(own.sum())} "
+                                           f"{'is' if own.sum() == 1 else 'are'} its own "
+                                           f"({own_excess:.1f} s)."))
+    if own.any():
+        text += hostwait.own_kind(host["own_cpu_share"])
+    return text
 
 
 def _extra_wait(wait: np.ndarray, out: np.ndarray) -> float | None:
