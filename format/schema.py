@@ -51,7 +51,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("cuda_allocated_bytes", "int64"), ("cuda_reserved_bytes", "int64"),
         ("cuda_peak_bytes", "int64"), ("cuda_alloc_retries", "int64"), ("cuda_ooms", "int64"),
         ("cuda_total_bytes", "int64"), ("heap_bytes", "int64"),
-        ("cuda_max_allocated_bytes", "int64"),
+        ("cuda_max_allocated_bytes", "int64"), ("recorder_heap_bytes", "int64"),
     ),
     "system": (
         ("rank", "int32"), ("time", "float64"), ("cpu_percent", "float32"),

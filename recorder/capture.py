@@ -275,6 +275,7 @@ class StepItem:
     store_grad_norms: bool = True
     compute_s: float | None = None  # distributed: batch arrival -> last gradient ready
     heap: int | None = None  # malloc'd bytes in use, read with rss
+    recorder_heap: int | None = None  # ... of which the writer's buffered rows
     cuda: dict[str, Any] | None = None  # the CUDA allocator's counters, read with rss
     sample_ids: list[int] | None = None  # samples.py (at most MAX_IDS)
     samples_per_s: float | None = None  # throughput.py (shapes of the step's batches)

@@ -47,6 +47,7 @@ from .training.profiling import ProfilerSchedule
 from .training.sampler import MemoryProbe
 from .training.samples import MAX_IDS
 from .training.throughput import FlopMeter, step_rates, tokens_of
+from .write.buffers import held_bytes
 from .write.rundir import RunDir
 from .write.writer import Writer
 
@@ -205,7 +206,8 @@ class StepLifecycle:
     def _step_ended(self, loss: Any, step: int | None, lr: Any,
                     metrics: dict[str, Any], tokens: int | None = None) -> None:
         with self._lock:
-            now = time.time()
+            # the step's end and its host CPU figures, read together (cpuclock.py)
+            now, cpu, queue = self._clock.lap()
             acc = self._steps.values_step()
             if step is not None:
                 acc.step = int(step)
@@ -226,7 +228,6 @@ class StepLifecycle:
             acc.ended = now  # (a micro-batch folded in adds its time: one optimizer step)
             acc.duration_s = (acc.duration_s or 0.0) + (now - self._last_end)
             self._last_end = now
-            cpu, queue = self._clock.lap()
             acc.cpu_s = (acc.cpu_s or 0.0) + cpu
             acc.cpu_queue_s = None if queue is None else (acc.cpu_queue_s or 0.0) + queue
             if tokens is not None:
@@ -374,6 +375,7 @@ class StepLifecycle:
             floats=acc.floats, metrics=acc.metrics, pieces=acc.pieces, host=host, event=event,
             scaler=acc.scaler, memory=memory, rss=self._probe.rss() if memory else None,
             heap=self._probe.heap_at_commit() if memory else None,
+            recorder_heap=held_bytes(self._writer.buffers) if memory else None,
             cuda=cuda,
             store_grad_norms=self.config.store_grad_norms and self._grad_rows,
             compute_s=_compute_s(acc), sample_ids=acc.sample_ids, cpu_s=acc.cpu_s,

@@ -27,6 +27,20 @@ own CPU work queues at the run's usual share, which is subtracted; blocked time 
 queues). A quarter sits between the two with a margin both ways."""
 
 
+def rebook(dur: np.ndarray, queue: np.ndarray) -> np.ndarray:
+    """Run-queue seconds per step, none exceeding its step's wall time: a wait booked to a
+    step that it cannot fit (a pre-emption between the recorder's reads of the wall clock
+    and of the run queue, in runs recorded before they were read in one order) belongs to
+    the next step, whose wall time holds it. Consecutive steps, in step order."""
+    q = np.array(queue, dtype=np.float64)
+    d = np.asarray(dur, dtype=np.float64)
+    for i in np.flatnonzero(np.isfinite(q[:-1]) & np.isfinite(d[:-1]) & (q[:-1] > d[:-1])):
+        if q[i] > d[i] and np.isfinite(q[i + 1]):  # (a surplus carried in may cascade)
+            q[i + 1] += q[i] - d[i]
+            q[i] = d[i]
+    return q
+
+
 def split(dur: np.ndarray, queue: np.ndarray, cpu: np.ndarray, out: np.ndarray,
           med: float) -> dict[str, Any] | None:
     """Over the judged steps (``out``: the slow ones; ``med``: the median step): which slow

@@ -21,9 +21,10 @@ import time
 
 
 class StepClock:
-    """Per-step host CPU figures: :meth:`lap` returns (process CPU seconds, training-thread
-    run-queue seconds) since the previous lap; the run-queue figure is None where the
-    kernel does not expose it (not Linux, schedstat unavailable)."""
+    """Per-step host CPU figures: :meth:`lap` returns the step's end (wall time) with the
+    process CPU seconds and training-thread run-queue seconds since the previous lap; the
+    run-queue figure is None where the kernel does not expose it (not Linux, schedstat
+    unavailable)."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
@@ -50,11 +51,17 @@ class StepClock:
             self.close()
             return None
 
-    def lap(self) -> tuple[float, float | None]:
-        """(process CPU seconds, training-thread run-queue seconds) since the last lap.
-        A thread change (a framework calling from another thread) gives no queue figure
-        for that lap: the two counters belong to different threads."""
+    def lap(self) -> tuple[float, float, float | None]:
+        """(wall time now, process CPU seconds and training-thread run-queue seconds since
+        the last lap). The reads are ordered so that a pre-emption lands whole in one step:
+        the kernel switches a thread out on its way back from a system call, so whatever it
+        waits after the CPU-time call is in this step's wall time and run-queue figure (both
+        read after it), and after the schedstat read in the next step's (both read before
+        it). The wall clock (vDSO, no system call) sits between them. A thread change (a
+        framework calling from another thread) gives no queue figure for that lap: the two
+        counters belong to different threads."""
         cpu = time.process_time()
+        now = time.time()
         tid = self._tid
         queue = self._queue()
         d_cpu = max(0.0, cpu - self._last_cpu)
@@ -62,7 +69,7 @@ class StepClock:
                    if queue is not None and self._last_queue is not None and tid == self._tid
                    else None)
         self._last_cpu, self._last_queue = cpu, queue
-        return d_cpu, d_queue
+        return now, d_cpu, d_queue
 
     def close(self) -> None:
         if self._fd is not None:

@@ -128,11 +128,14 @@ class MemoryProbe:
         return int(self.proc.memory_info().rss)
 
     def snapshot(self, rss: int | None = None, heap: int | None = None,
-                 cuda: dict[str, Any] | None = None) -> dict[str, Any]:
+                 cuda: dict[str, Any] | None = None, held: int | None = None
+                 ) -> dict[str, Any]:
         """A ``memory`` row: ``rss``, ``heap`` and ``cuda`` as read at commit, or read now
-        (an exception's event: the moment it was caught)."""
+        (an exception's event: the moment it was caught); ``held``: the recorder's own
+        buffered bytes in that heap, read with it."""
         row: dict[str, Any] = {"rss_bytes": self.rss() if rss is None else rss,
-                               "heap_bytes": self.heap() if heap is None else heap}
+                               "heap_bytes": self.heap() if heap is None else heap,
+                               "recorder_heap_bytes": held}
         if self.counters is not None:
             row.update(cuda if cuda is not None else self.counters.now())
             row["cuda_total_bytes"] = self.total

@@ -29,6 +29,19 @@ class Codes:
         return len(self.codes)
 
 
+def _nbytes(v: Any) -> int:
+    """malloc'd bytes of a column piece: numpy arrays (and a Codes' index array)."""
+    v = v.codes if isinstance(v, Codes) else v
+    return int(v.nbytes) if isinstance(v, np.ndarray) else 0
+
+
+def held_bytes(buffers: dict[str, TableBuffer]) -> int:
+    """malloc'd bytes of the rows buffered for the next flush: read at a step's commit with
+    the heap, the memory table's ``recorder_heap_bytes`` (read from the training thread: an
+    int per table, a moment's estimate)."""
+    return sum(b.held for b in buffers.values())
+
+
 class TableBuffer:
     """Rows of one table, held as raw column pieces until the next flush.
 
@@ -42,6 +55,9 @@ class TableBuffer:
         self.cols: dict[str, list[Any]] = {f.name: [] for f in self.schema}
         self.counts: list[int] = []
         self.rows = 0
+        # bytes of the numpy pieces held (malloc'd: part of the memory table's heap_bytes,
+        # which the analyzer reads net of them; Arrow's own pool is not malloc's)
+        self.held = 0
         self.failed: list[pa.Table] = []  # converted rows whose write failed, oldest first
         self.bad_rows = 0  # rows that could not be converted (dropped, counted)
 
@@ -49,7 +65,9 @@ class TableBuffer:
         if not n:
             return
         for name, pieces in self.cols.items():
-            pieces.append(columns.get(name))
+            v = columns.get(name)
+            pieces.append(v)
+            self.held += _nbytes(v)
         self.counts.append(n)
         self.rows += n
 
@@ -66,7 +84,7 @@ class TableBuffer:
                 tables = [*tables, *self._salvage()]
             self.cols = {f.name: [] for f in self.schema}
             self.counts = []
-        self.rows = 0
+        self.rows = self.held = 0
         tables = [t for t in tables if t.num_rows]
         if not tables:
             return None

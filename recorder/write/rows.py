@@ -237,7 +237,7 @@ def _memory_rows(out: _Out, mem: list[StepItem], probe: Any) -> None:
     rows = []
     for it in mem:
         try:
-            rows.append((it, probe.snapshot(it.rss, it.heap, it.cuda)))
+            rows.append((it, probe.snapshot(it.rss, it.heap, it.cuda, it.recorder_heap)))
         except Exception as exc:
             out.append(("error", {"exc": exc}))
     if rows:

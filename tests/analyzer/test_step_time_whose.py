@@ -112,3 +112,25 @@ def test_split_needs_the_figures_of_every_slow_step():
     queue[-1] = 0.0
     got = hostwait.split(dur, queue, dur, out, 0.01)
     assert got is not None and not got["machine"].any()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_small_blip_of_its_own_does_not_date_the_stalls(tmp_path, seed):
+    """The loop starts a process at step 15 (a 25 ms fork, its own, 3x the step) and stalls
+    0.4 s at four later steps: the finding is about the stalls, dated at the first of them."""
+    rng = np.random.default_rng(130 + seed)
+    at = sorted(int(s) for s in rng.choice(np.arange(60, N - 5), 4, replace=False))
+    dur, cpu, queue = _simulate(rng, np.zeros(N), {15: 0.025}, {s: 0.4 for s in at})
+    f = _finding(tmp_path, dur, cpu, queue)
+    assert 15 in f["evidence"]["own_steps"], "the blip is the training's own too"
+    assert f["first_step"] == at[0] and f["title"].startswith("4 slow steps"), f
+
+
+def test_a_wait_booked_to_a_step_it_cannot_fit_moves_to_the_next():
+    """A step cannot wait for a CPU longer than it lasts: a surplus (a pre-emption between
+    the recorder's reads) belongs to the next step, whose wall time holds it."""
+    dur = np.array([0.01, 0.003, 0.327, 0.01])
+    queue = np.array([0.0, 0.324, 0.026, 0.0])
+    got = hostwait.rebook(dur, queue)
+    np.testing.assert_allclose(got, [0.0, 0.003, 0.347, 0.0])
+    np.testing.assert_allclose(hostwait.rebook(dur, np.zeros(4)), np.zeros(4))

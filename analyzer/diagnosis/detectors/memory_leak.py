@@ -58,7 +58,8 @@ DOC = {
             "slowing down as a cache filling does (the last third's growth at least "
             "fill_ratio × the first third's), and the "
             "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
-            "the device capacity is known. Host: heap_bytes (malloc in use: no allocator "
+            "the device capacity is known. Host: heap_bytes net of the recorder's own rows "
+            "buffered for its next flush (malloc in use: no allocator "
             "caching, so min_growth_heap_bytes) when it shows the leak, else RSS. Onset: where "
             "the rise that runs to the end begins (walking back from the end while the "
             "floors rise within a factor 2 of the last third's rate, then the onset engine's "
@@ -214,7 +215,11 @@ def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     cols = ctx.arrays(
-        "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, heap_bytes::DOUBLE AS heap_bytes, "
+        # the heap net of the recorder's own rows buffered for its next flush (they grow
+        # for a flush interval and drop at the flush: a sawtooth of the recorder's, not the
+        # training's; null in runs recorded before 2026-11-29)
+        "SELECT rank, step, rss_bytes::DOUBLE AS rss_bytes, "
+        "(heap_bytes - coalesce(recorder_heap_bytes, 0))::DOUBLE AS heap_bytes, "
         "cuda_allocated_bytes::DOUBLE AS cuda_allocated_bytes, "
         "cuda_total_bytes::DOUBLE AS cuda_total_bytes FROM memory "
         "WHERE step IS NOT NULL ORDER BY rank, step")

@@ -82,8 +82,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                     "steps": step[out], "durs": dur[out], "ends": ends, "all_steps": step,
                     "threshold": rule["threshold"], "total": float(dur.sum()),
                     "waits": _extra_wait(d["data_wait_s"][sel], out),
-                    "host": hostwait.split(dur, d["cpu_queue_s"][sel], d["cpu_s"][sel],
-                                           out, med)}
+                    "host": hostwait.split(
+                        dur, hostwait.rebook(d["duration_s"], d["cpu_queue_s"])[sel],
+                        d["cpu_s"][sel], out, med)}
     if best is None:
         return []
     # what the slow steps have in common, when they cost something that matters: a second
@@ -115,9 +116,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
            and (own_excess >= th.min_excess_s or sched is not None)
            and busy is None else "info")
     i = int(np.argmax(best["durs"]))
-    lead = on & own if (on & own).any() else (own if own.any() else on)
+    # the finding is dated at the first stall of the costly family among the training's
+    # own (within FAMILY of the costliest): a 6 ms blip as it starts a process is its own
+    # too, but not the 0.5 s stalls the finding is about
+    ex = best["durs"] - best["med"]
+    fam = own & (ex >= (float(ex[own].max()) / FAMILY if own.any() else 0.0))
+    lead = (on & own if sched is not None and (on & own).any() else
+            fam if fam.any() else on)
     first = int(best["steps"][lead][0])
-    k, m = int(own.sum()), n - int(own.sum())
+    k, m = int(fam.sum()), n - int(own.sum())
     title = (f"{int(on.sum())} stalls every {sched[0]} steps" if sched is not None else
              f"{k} slow step{'s' if k > 1 else ''}" if k else
              f"{n} slow step{'s' if n > 1 else ''} while the machine was busy")
