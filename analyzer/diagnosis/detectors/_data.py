@@ -7,11 +7,13 @@ enough to pull as numpy arrays.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from ...stats.shift import objective_shift
+from ._structure import chance_level, structure
 from .base import Context
 
 MAX_POINTS = 1000
@@ -53,7 +55,7 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
             # a rescaled objective (loss and every gradient ×k at one step: stats/shift.py)
             # is judged on its new scale: the steps after it are divided by k
             sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
-            if sh is not None and not _lr_moved(d, sh.index):
+            if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],
                                             d["loss"][sh.index:] / sh.factor])
@@ -62,6 +64,35 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         return out
 
     return ctx.cached("steps", load)
+
+
+CHANCE_BAND = (0.9, 1.25)
+"""A settled loss within these multiples of ln C is a model guessing (_to_chance)."""
+
+
+def _to_chance(ctx: Context, d: dict[str, np.ndarray], sh: Any) -> bool:
+    """Was a classifier that had learned (its loss under half the chance level ln C) thrown
+    back to guessing (the loss settled at ln C over the two windows after the first one
+    past the jump), rather than its objective rescaled? A model knocked out by a bad batch
+    or a blown-up update loses what it knew: confidently wrong at first, far above ln C, it
+    recalibrates to the uniform guess within tens of steps and sits there; a rescale
+    multiplies the level it had by a factor that has no reason to land on ln C (a ×4 of a
+    ViT at 1.03 sits at 1.7 ln C). Settled: within CHANCE_BAND of ln C (a knocked ResNet's
+    noisy recalibration, 1.19 ln C over its first window). C: the logits' width the
+    recorder saw, else a small C the settled level matches (loss_plateau's chance rule)."""
+    loss = d["loss"]
+    i, w = sh.index, max(10, len(loss) // 20)
+    before = float(np.nanmedian(loss[max(0, i - w):i])) if i > 0 else float("nan")
+    settled = [float(np.nanmedian(loss[a:a + w])) for a in (i + w, i + 2 * w)
+               if a + w <= len(loss)]
+    if not np.isfinite(before) or len(settled) < 2 or not np.isfinite(settled).all():
+        return False
+    c = structure(ctx)["output_features"] or chance_level(ctx, settled[0])
+    if c is None:
+        return False
+    lo, hi = CHANCE_BAND
+    return before < 0.5 * math.log(c) and all(
+        lo * math.log(c) <= v <= hi * math.log(c) for v in settled)
 
 
 def _lr_moved(d: dict[str, np.ndarray], i: int) -> bool:

@@ -8,6 +8,7 @@ checked for its type and anything else is ignored.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -121,3 +122,25 @@ def covering_modules(names: Iterable[str], others: Iterable[str]) -> list[str]:
 def describe(modules: list[str], limit: int = 4) -> str:
     shown = ", ".join(modules[:limit])
     return shown + (f" and {len(modules) - limit} more" if len(modules) > limit else "")
+
+
+CHANCE_TOL = 0.05
+"""|level − ln C| ≤ this × ln C: at chance for the C the model's logits have."""
+SMALL_K_TOL = 0.01
+"""Without the logits' width: |level − ln k| ≤ this for an integer 2 ≤ k ≤ SMALL_K (ln k are
+≥ 0.095 apart up to 10, so a match is not a coincidence of dense values)."""
+SMALL_K = 10
+
+
+def chance_level(ctx: Context, level: float) -> int | None:
+    """The number of classes C whose uniform guess has cross-entropy ``level`` (ln C), from
+    the logits' width the recorder saw, else from the level alone for small C."""
+    if not (level > 0 and math.isfinite(level)):
+        return None
+    c = structure(ctx)["output_features"]
+    if c is not None and abs(level - math.log(c)) <= CHANCE_TOL * math.log(c):
+        return int(c)
+    k = round(math.exp(level))
+    if 2 <= k <= SMALL_K and abs(level - math.log(k)) <= SMALL_K_TOL:
+        return k
+    return None

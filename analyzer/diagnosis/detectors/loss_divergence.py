@@ -57,7 +57,10 @@ DOC = {
             "and stay, ≥ ×1.5, together 5 standard errors of their window medians, the "
             "loss at least 2 and the gradient norm 3; a loss under 5 alone also keeps its "
             "ratio to the gradient norm within 2) is reported at info and the steps after "
-            "it are judged on its new scale.",
+            "it are judged on its new scale — unless a classifier that had learned (loss "
+            "under half of ln C) settled at its chance level after it (0.9–1.25 ln C over "
+            "the two windows after the first one past the jump): a model knocked back to "
+            "guessing, judged as it is.",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
              "LR schedule, use bf16/loss scaling, normalise inputs.",
 }

@@ -14,7 +14,8 @@ from ...stats.onset import settle
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data, _structure, loss_spike
+from . import _changes, _data, loss_spike
+from ._structure import chance_level
 from .base import Context
 
 ID = "loss_plateau"
@@ -218,25 +219,3 @@ def _lr_during(ctx: Context, first: int) -> tuple[float, float] | None:
     _, step, lr = series
     i = min(int(np.searchsorted(step, first)), len(lr) - 1)
     return float(lr[i]), float(lr[-1])
-
-
-CHANCE_TOL = 0.05
-"""|level − ln C| ≤ this × ln C: at chance for the C the model's logits have."""
-SMALL_K_TOL = 0.01
-"""Without the logits' width: |level − ln k| ≤ this for an integer 2 ≤ k ≤ SMALL_K (ln k are
-≥ 0.095 apart up to 10, so a match is not a coincidence of dense values)."""
-SMALL_K = 10
-
-
-def chance_level(ctx: Context, level: float) -> int | None:
-    """The number of classes C whose uniform guess has cross-entropy ``level`` (ln C), from
-    the logits' width the recorder saw, else from the level alone for small C."""
-    if not (level > 0 and math.isfinite(level)):
-        return None
-    c = _structure.structure(ctx)["output_features"]
-    if c is not None and abs(level - math.log(c)) <= CHANCE_TOL * math.log(c):
-        return int(c)
-    k = round(math.exp(level))
-    if 2 <= k <= SMALL_K and abs(level - math.log(k)) <= SMALL_K_TOL:
-        return k
-    return None
