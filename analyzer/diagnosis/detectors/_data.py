@@ -278,6 +278,14 @@ def series_of(ctx: Context, kind: str) -> dict[str, dict[str, np.ndarray]]:
             rows = idx[a:b]
             out[str(names[a])] = {k: v[rows] for k, v in tb.items()
                                   if k not in ("name", "kind", "bucket_size")}
+        # a rescaled objective scaled every gradient at its step: the per-tensor gradient
+        # norms are judged on the new scale too, as the total norm is (steps())
+        sh = objective_shifts(ctx).get(tensor_rank(ctx)) if kind == "grad" else None
+        if sh is not None:
+            for col in out.values():
+                col["log_norm"] = np.where(col["step0"] >= sh.step,
+                                           col["log_norm"] - math.log(sh.grad_factor),
+                                           col["log_norm"])
         return out
 
     return ctx.cached(f"series:{kind}", load)
