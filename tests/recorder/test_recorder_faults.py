@@ -210,7 +210,8 @@ def test_writer_item_exception_is_recorded(run_dir: Path, monkeypatch: pytest.Mo
     calls = []
 
     def broken_snapshot(self: Any, rss: int | None = None, heap: int | None = None,
-                        cuda: dict[str, Any] | None = None) -> dict[str, Any]:
+                        cuda: dict[str, Any] | None = None, held: int | None = None
+                        ) -> dict[str, Any]:
         calls.append(1)
         raise RuntimeError("probe exploded")
 
