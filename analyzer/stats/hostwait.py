@@ -64,8 +64,7 @@ def split(dur: np.ndarray, queue: np.ndarray, cpu: np.ndarray, out: np.ndarray,
         cpu_share = float(extra_cpu.sum() / excess[own].sum())
     wait_share = (float(beyond[machine].sum() / excess[machine].sum())
                   if machine.any() else None)
-    return {"machine": machine, "usual_share": usual, "wait_share": wait_share,
-            "own_cpu_share": cpu_share}
+    return {"machine": machine, "wait_share": wait_share, "own_cpu_share": cpu_share}
 
 
 def own_kind(cpu_share: float | None) -> str:

@@ -9,8 +9,9 @@ cannot either (a thread pre-empted by another process accrues no CPU time, just 
 blocked on I/O). The scheduler's run-queue delay of the training thread can: it grows only
 while the thread is runnable and kept off every CPU.
 
-Both are two cheap reads per step on the training thread (``clock_gettime`` and one
-``pread`` of ``/proc/thread-self/schedstat``, ~1-2 µs each), no sync with any device.
+Both are cheap reads per step on the training thread (``clock_gettime`` and one ``pread`` of
+``/proc/thread-self/schedstat``: ~6 µs a lap with the wall clock, measured on a loaded 2-core
+VM), no sync with any device and no file opened after the first step.
 """
 
 from __future__ import annotations
