@@ -161,6 +161,22 @@ def _halves(batch: Any, n: int) -> list[Any]:
     return [type(batch)(x[i] for x in parts) for i in range(n)]
 
 
+class Unsupported(Exception):
+    """This machine's torch cannot run the cell (not a failure of the recorder or the cell)."""
+
+
+def _can_autocast(spec: ModelSpec, model: nn.Module, seed: int) -> None:
+    """One forward under bf16 autocast before any recording: oneDNN's LSTM has no bf16
+    kernel on CPUs without AVX-512 BF16 (an AMD EPYC box: "could not create a primitive
+    descriptor"), and a run that dies at its first step is no healthy bf16 run to judge."""
+    batch = spec.data(seed)(0)
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            spec.loss(model, batch)
+    except RuntimeError as e:
+        raise Unsupported(f"bf16 autocast on this CPU: {str(e).splitlines()[0]}") from e
+
+
 def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
            seed: int = 0, rank: int = 0) -> Path:
     """Train one matrix run (one rank of it, for DDP runs started by :func:`record_ddp`)."""
@@ -188,6 +204,8 @@ def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
             with torch.no_grad():
                 t.add_(torch.randn_like(t) * 0.01)
         setattr(holder, leaf, fresh)
+    if p.bf16:
+        _can_autocast(spec, model, seed)
     base = [g["lr"] for g in opt.param_groups]
     mult = p.lr_schedule or p.lr_mult
     with Recorder(run_dir, model=train_model, optimizer=opt, preset=p.preset,
@@ -291,8 +309,12 @@ def main(argv: list[str]) -> None:
         if PATHOLOGIES[pathology].world_size > 1:
             record_ddp(model, pathology, out)
         else:
-            with contextlib.redirect_stdout(sys.stderr):
-                record(model, pathology, out, seed=seed)
+            try:
+                with contextlib.redirect_stdout(sys.stderr):
+                    record(model, pathology, out, seed=seed)
+            except Unsupported as e:  # the model's other cells still run
+                print(f"{item}: skipped, {e}", flush=True)
+                continue
         print(f"{item}: {time.perf_counter() - t0:.1f}s", flush=True)
 
 

@@ -1,10 +1,13 @@
 """The recorder's own work is never a finding (#26): healthy runs under the standard preset's
 default profiler window (step 50), each in a fresh process as a user's job would be, have no
-memory_leak finding (20 of 20); and the discount the leak detector applies is exactly the
-level a window's profiler kept."""
+memory_leak finding (5 of 5 in the suite, one seed per architecture; 20 of 20 with
+``TRACEALYZE_FULL_MATRIX=1``, the seeds 1-4 that benchmarks/matrix.py also records as the
+``healthy_profiled`` cell); and the discount the leak detector applies is exactly the level a
+window's profiler kept."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +18,16 @@ from tests.recorder.rec_helpers import events
 from tests.scenarios import checks
 
 MODELS = ("gru", "lstm", "vit", "resnet", "gpt2")
-SEEDS = (1, 2, 3, 4)
+# Each run is a fresh ~10 s process: the suite's budget (issue 43) holds one seed per
+# architecture, which is what catches a recorder that leaves its window's memory behind.
+SEEDS = (1, 2, 3, 4) if os.environ.get("TRACEALYZE_FULL_MATRIX") else (1,)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_default_profiler_window_is_not_a_leak_in_20_of_20_runs(tmp_path: Path):
+def test_default_profiler_window_is_not_a_leak_in_fresh_processes(tmp_path: Path):
     todo = [[f"{m}:healthy_profiled:{s}"] for m in MODELS for s in SEEDS]
-    assert len(todo) == 20
+    assert len(todo) == len(MODELS) * len(SEEDS)
     assert not run_jobs(tmp_path, todo)
     leaks = []
     for m in MODELS:
