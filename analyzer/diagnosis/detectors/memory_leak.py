@@ -62,7 +62,8 @@ DOC = {
             "buffered for its next flush (malloc in use: no allocator "
             "caching, so min_growth_heap_bytes) when it shows the leak, else RSS. Onset: where "
             "the rise that runs to the end begins (walking back from the end while the "
-            "floors rise within a factor 2 of the last third's rate, then the onset engine's "
+            "floors rise within a factor 2 of the last third's rate, a one-off step in the "
+            "level aside, then the onset engine's "
             "flat-then-rising fit from there): a warm-up that filled faster, or stopped, is "
             "not the leak's start; refined to the last step still at the level before it, "
             "or the step before its first steadily rising increment within two windows. "
@@ -70,7 +71,11 @@ DOC = {
             "the level the profiler kept is subtracted from what follows, until the "
             "recorder frees it.",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
-             "clear caches/lists that grow per step, check DataLoader worker copies.",
+             "clear caches/lists that grow per step, check DataLoader worker copies. On CPU "
+             "with input shapes that change every step (variable graphs, token routing, "
+             "dynamic padding), oneDNN keeps kernels per shape in a bounded cache "
+             "(ONEDNN_PRIMITIVE_CACHE_CAPACITY, 1024 by default) that grows the heap until "
+             "full: run a few hundred steps with ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 to tell.",
 }
 COUNTERS = ("heap_bytes", "rss_bytes", "cuda_allocated_bytes")
 HOST = ("heap_bytes", "rss_bytes")  # one host finding: the heap's when it shows the leak
