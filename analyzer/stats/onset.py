@@ -202,9 +202,11 @@ def filling(y: np.ndarray, ratio: float) -> bool:
 
 
 def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
-    """The index of the last floor before the rise that runs to the end: walk back from the
-    end while the floors' slope over a tenth of the windows (less its largest single step:
-    one step in the level is not a change of rate) stays within a factor 2 of the
+    """The index of the last floor before the rise that runs to the end: with the level's
+    one-off steps taken out (a lone window-to-window rise of over three windows of the final
+    third's rate), walk back from the end while the floors' slope over a tenth of the
+    windows (less its largest single step: one step in the level is not a change of rate)
+    stays within a factor 2 of the
     final third's rate (the leak's own regime: a warm-up that filled faster, or a level it
     rose from, is not), then the engine's flat-then-rising fit (hinge) places it from
     just before where the walk stopped. None when the last third does not rise."""
@@ -215,6 +217,18 @@ def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
     k = float(_stats.theil_sen(x[-(n // 3):], y[-(n // 3):])[0])
     if k <= 0:
         return None
+    # one-off steps in the level (an allocation made once, a buffer kept after a write): a
+    # window-to-window rise of more than three windows of the final rate, between two that
+    # are not, is taken out of the floors before the regime is looked for, so a level lifted
+    # once, before the leak or inside it, is neither its start nor a faster rate. (A leak
+    # that steps every few windows rises by less than that at each of its steps; a warm-up
+    # that fills faster does so window after window, and stays.)
+    dy = np.diff(y)
+    dx = np.maximum(np.diff(x), 1.0)
+    big = dy > 3 * k * dx
+    alone = big & ~np.r_[False, big[:-1]] & ~np.r_[big[1:], False]
+    lift = np.where(alone, dy - k * dx, 0.0)
+    y = y - np.concatenate([[0.0], np.cumsum(lift)])
 
     def within(i: int) -> bool:
         # the stretch's rate is the leak's: its rise is at least half the final rate, and,
