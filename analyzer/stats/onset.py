@@ -204,12 +204,11 @@ def filling(y: np.ndarray, ratio: float) -> bool:
 def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
     """The index of the last floor before the rise that runs to the end: with the level's
     one-off steps taken out (a lone window-to-window rise of over three windows of the final
-    third's rate), walk back from the end while the floors' slope over a tenth of the
-    windows (less its largest single step: one step in the level is not a change of rate)
-    stays within a factor 2 of the
-    final third's rate (the leak's own regime: a warm-up that filled faster, or a level it
-    rose from, is not), then the engine's flat-then-rising fit (hinge) places it from
-    just before where the walk stopped. None when the last third does not rise."""
+    third's rate), walk back from the end while the floors' slope over a tenth of the windows
+    stays within a factor 2 of the final third's rate (the leak's own regime: a warm-up that
+    filled faster, or a level it rose from, is not), then the engine's flat-then-rising fit
+    (hinge) places it from just before where the walk stopped. None when the last third does
+    not rise."""
     n = len(y)
     m = max(2, n // 10)
     if n < 3 * m:
@@ -230,21 +229,12 @@ def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
     lift = np.where(alone, dy - k * dx, 0.0)
     y = y - np.concatenate([[0.0], np.cumsum(lift)])
 
-    def within(i: int) -> bool:
-        # the stretch's rate is the leak's: its rise is at least half the final rate, and,
-        # less its largest window-to-window step, at most twice it. A one-off step in the
-        # level (an allocation made once, a buffer kept after a write) is not a faster rate
-        # and must not end the leak's regime; a leak that steps every few windows keeps its
-        # whole rise; a warm-up that filled faster is faster step after step.
+    def local(i: int) -> float:
         j = min(i + m, n - 1)
-        dy, dx = np.diff(y[i:j + 1]), np.diff(x[i:j + 1])
-        top = int(np.argmax(dy))
-        rise = float(dy.sum()) / max(float(dx.sum()), 1.0)
-        rest = float(dy.sum() - dy[top]) / max(float(dx.sum() - dx[top]), 1.0)
-        return k / 2 <= rise and rest <= 2 * k
+        return float(y[j] - y[i]) / max(float(x[j] - x[i]), 1.0)
 
     i = n - 1 - m
-    while i > 0 and within(i - 1):
+    while i > 0 and k / 2 <= local(i - 1) <= 2 * k:
         i -= 1
     if i == 0:
         return 0

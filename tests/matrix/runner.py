@@ -165,14 +165,13 @@ class Unsupported(Exception):
     """This machine's torch cannot run the cell (not a failure of the recorder or the cell)."""
 
 
-def _can_autocast(spec: ModelSpec, model: nn.Module, seed: int) -> None:
-    """One forward under bf16 autocast before any recording: oneDNN's LSTM has no bf16
-    kernel on CPUs without AVX-512 BF16 (an AMD EPYC box: "could not create a primitive
-    descriptor"), and a run that dies at its first step is no healthy bf16 run to judge."""
-    batch = spec.data(seed)(0)
+def _can_autocast(spec: ModelSpec, p: Pathology, model: nn.Module, seed: int) -> None:
+    """The cell's first loss, before any recording: oneDNN's LSTM has no bf16 kernel on CPUs
+    without AVX-512 BF16 (an AMD EPYC box: "could not create a primitive descriptor"), and a
+    run that dies at its first step is no healthy bf16 run to judge."""
     try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            spec.loss(model, batch)
+        with torch.no_grad():
+            _loss(spec, p, model, spec.data(seed)(0), 0)
     except RuntimeError as e:
         raise Unsupported(f"bf16 autocast on this CPU: {str(e).splitlines()[0]}") from e
 
@@ -205,7 +204,7 @@ def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
                 t.add_(torch.randn_like(t) * 0.01)
         setattr(holder, leaf, fresh)
     if p.bf16:
-        _can_autocast(spec, model, seed)
+        _can_autocast(spec, p, model, seed)
     base = [g["lr"] for g in opt.param_groups]
     mult = p.lr_schedule or p.lr_mult
     with Recorder(run_dir, model=train_model, optimizer=opt, preset=p.preset,
