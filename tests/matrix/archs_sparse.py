@@ -92,7 +92,7 @@ class Recommender(nn.Module):
         return self.tower(torch.cat([self.history(hist), self.item(cand)], -1))
 
 
-def click_batches(seed: int, batch: int = 64) -> Callable[[int], tuple[torch.Tensor, ...]]:
+def click_batches(seed: int, batch: int = 256) -> Callable[[int], tuple[torch.Tensor, ...]]:
     """Users (a bag of 8 past items) and a candidate item; the click probability is the
     sigmoid of the candidate's affinity with the history (a latent dot product)."""
     g0 = torch.Generator().manual_seed(9_300 + seed)

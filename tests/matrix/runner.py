@@ -48,8 +48,23 @@ class _SlowWorkers(torch.utils.data.Dataset):
         return self.batches[i]
 
 
-def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int
-             ) -> Iterator[Any]:
+def _own_step_s(spec: ModelSpec, p: Pathology, model: nn.Module, batch: Any) -> float:
+    """The median time of the model's own training step (forward, backward, optimizer) on a
+    copy of it, before anything records: what a slow input pipeline is slow against."""
+    model = copy.deepcopy(model)
+    opt = spec.optimizer(model, spec.lr)
+    times = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        _loss(spec, p, model, batch, i).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return sorted(times[2:])[len(times[2:]) // 2]  # the first two warm the allocator up
+
+
+def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int,
+             worker_delay_s: float) -> Iterator[Any]:
     draw = spec.data(seed * 100 + rank)
     # Drawn up front, as an efficient input pipeline would have them ready: sampling the
     # synthetic language in the loop costs a third of a tiny model's step, which the
@@ -60,7 +75,7 @@ def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int
         batches = [spec.randomize(b, g) for b in batches]
     if p.workers:
         yield from rec.wrap_loader(torch.utils.data.DataLoader(
-            _SlowWorkers(batches, p.worker_delay_s), batch_size=None, shuffle=False,
+            _SlowWorkers(batches, worker_delay_s), batch_size=None, shuffle=False,
             num_workers=p.workers))
         return
 
@@ -207,9 +222,12 @@ def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
         _can_autocast(spec, p, model, seed)
     base = [g["lr"] for g in opt.param_groups]
     mult = p.lr_schedule or p.lr_mult
+    # timed before the recorder hooks the model (a copy would carry its hooks)
+    worker_delay_s = p.workers * max(p.worker_period_min_s, p.worker_period_steps * _own_step_s(
+        spec, p, model, spec.data(seed * 100 + rank)(0))) if p.workers else 0.0
     with Recorder(run_dir, model=train_model, optimizer=opt, preset=p.preset,
                   **{**BASE_KNOBS, **p.knobs}) as rec:
-        for step, batch in enumerate(_batches(rec, spec, p, seed, rank)):
+        for step, batch in enumerate(_batches(rec, spec, p, seed, rank, worker_delay_s)):
             state["step"] = step
             for g, lr in zip(opt.param_groups, base, strict=True):
                 g["lr"] = lr * mult(step)
