@@ -63,3 +63,17 @@ def test_a_first_gradient_as_far_as_the_loss_is_a_far_start(tmp_path, g0, l0):
     a loss 18x its later level), a large-logit init (both ~1e4x): not an explosion."""
     fs = _run(tmp_path, 1, g0, l0)
     assert [x for x in fs if x["id"] == "gradient_explosion"] == []
+
+
+def test_a_loss_that_overflows_float_exp_is_judged_not_a_detector_crash(tmp_path):
+    """Plain SGD just above its stability limit (a held-out script, p_linreg_*): the loss
+    climbed by orders of magnitude and sat at ~1e20-1e35, finite, before inf. Asking whether
+    that settled level is a classifier's chance level (ln C) took exp(1e20) and every detector
+    that reads the loss died ("Detector X failed" nine times): each check must be done."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(N)
+    up = steps >= 100
+    loss = np.where(up, 3e20, 1.0) * np.exp(rng.normal(0, 0.05, N))
+    grad = np.where(up, 3e10, 1.0) * np.exp(rng.normal(0, 0.05, N))
+    fs = build_summary(make_run(tmp_path, steps=N, loss=loss, grad_norm=grad))["findings"]
+    assert fs and not [f for f in fs if "failed" in f["title"]], [f["title"] for f in fs]

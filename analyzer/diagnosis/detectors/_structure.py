@@ -140,6 +140,8 @@ def chance_level(ctx: Context, level: float) -> int | None:
     c = structure(ctx)["output_features"]
     if c is not None and abs(level - math.log(c)) <= CHANCE_TOL * math.log(c):
         return int(c)
+    if level > math.log(SMALL_K) + SMALL_K_TOL:
+        return None  # (and exp() of a loss that blew up to 1e35 overflows a float)
     k = round(math.exp(level))
     if 2 <= k <= SMALL_K and abs(level - math.log(k)) <= SMALL_K_TOL:
         return k
