@@ -82,8 +82,13 @@ class GPTModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+CLIP = 0.1
+"""Under every model's first gradient norms (BERT's classifier starts at 0.12-0.15), so the
+clipping happens and the norms recorded can be told from the clipped ones."""
+
+
 def _trainer(root: Path, cb: Any, **kw: Any) -> Any:
-    base = dict(max_steps=8, accumulate_grad_batches=2, gradient_clip_val=0.5,
+    base = dict(max_steps=8, accumulate_grad_batches=2, gradient_clip_val=CLIP,
                 val_check_interval=4, limit_val_batches=2, default_root_dir=str(root),
                 accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                 enable_progress_bar=False, enable_model_summary=False)
@@ -120,7 +125,7 @@ def test_lightning_records_the_values_of_its_training_step(tmp_path: Path, spec:
     hp = run_json(run)["hparams"]
     assert (hp["model.accumulate"], hp["model.spec"]) == (2, spec)
     assert (hp["trainer.max_steps"], hp["trainer.accumulate_grad_batches"],
-            hp["trainer.gradient_clip_val"]) == (8, 2, 0.5)
+            hp["trainer.gradient_clip_val"]) == (8, 2, CLIP)
     assert hp["data.source"] == "matrix"
     per_param = grad_norms(run)
     clipped = 0
@@ -130,7 +135,7 @@ def test_lightning_records_the_values_of_its_training_step(tmp_path: Path, spec:
         assert_close(s["lr"], module.ref_lr[i], 1e-9, f"lr at {i}")
         total = math.sqrt(sum(v * v for v in module.ref_norms[i].values()))
         assert_close(s["grad_norm"], total, 1e-4, f"grad_norm at {i}")
-        clipped += total > 0.5
+        clipped += total > CLIP
         assert set(per_param[i]) == set(module.ref_norms[i])
         for name, v in module.ref_norms[i].items():
             assert_close(per_param[i][name], v, 1e-4, f"{name} at {i}")
