@@ -86,16 +86,21 @@ def markov_chain(seed: int, vocab: int = VOCAB) -> torch.Tensor:
     return torch.softmax(logits, dim=1)
 
 
+def markov_walk(probs: torch.Tensor, rows: int, g: torch.Generator) -> torch.Tensor:
+    """``rows`` sequences of SEQ tokens from the chain ``probs``: a uniform first token, then
+    each next one drawn from its predecessor's row."""
+    ids = torch.empty(rows, SEQ, dtype=torch.long)
+    ids[:, 0] = torch.randint(0, len(probs), (rows,), generator=g)
+    for t in range(1, SEQ):
+        ids[:, t] = torch.multinomial(probs[ids[:, t - 1]], 1, generator=g).squeeze(1)
+    return ids
+
+
 def token_batches(seed: int, batch: int, vocab: int = VOCAB) -> Callable[[int], torch.Tensor]:
     probs = markov_chain(seed, vocab)
 
     def draw(step: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        ids = torch.empty(batch, SEQ, dtype=torch.long)
-        ids[:, 0] = torch.randint(0, vocab, (batch,), generator=g)
-        for t in range(1, SEQ):
-            ids[:, t] = torch.multinomial(probs[ids[:, t - 1]], 1, generator=g).squeeze(1)
-        return ids
+        return markov_walk(probs, batch, torch.Generator().manual_seed(seed * 1_000_003 + step))
 
     return draw
 
@@ -111,16 +116,9 @@ def source_batches(seed: int, batch: int) -> Callable[[int], tuple[torch.Tensor,
     second[rows] = markov_chain(seed + 50, BERT_VOCAB)[rows]
     half = batch // 2
 
-    def sample(probs: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        ids = torch.empty(half, SEQ, dtype=torch.long)
-        ids[:, 0] = torch.randint(0, BERT_VOCAB, (half,), generator=g)
-        for t in range(1, SEQ):
-            ids[:, t] = torch.multinomial(probs[ids[:, t - 1]], 1, generator=g).squeeze(1)
-        return ids
-
     def draw(step: int) -> tuple[torch.Tensor, ...]:
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        ids = torch.cat([sample(first, g), sample(second, g)])
+        ids = torch.cat([markov_walk(first, half, g), markov_walk(second, half, g)])
         return ids, torch.cat([torch.zeros(half), torch.ones(half)]).long()
 
     return draw

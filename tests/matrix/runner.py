@@ -10,6 +10,7 @@ import contextlib
 import copy
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -48,9 +49,14 @@ class _SlowWorkers(torch.utils.data.Dataset):
         return self.batches[i]
 
 
-def _own_step_s(spec: ModelSpec, p: Pathology, model: nn.Module, batch: Any) -> float:
-    """The median time of the model's own training step (forward, backward, optimizer) on a
-    copy of it, before anything records: what a slow input pipeline is slow against."""
+def _worker_delay_s(spec: ModelSpec, p: Pathology, model: nn.Module, batch: Any) -> float:
+    """Seconds each DataLoader worker takes per batch: together they deliver one per
+    ``p.worker_period_steps`` of the model's own training step (forward, backward, optimizer;
+    the median of 6 timed on a copy, after 2 that warm the allocator up), at most one per
+    ``p.worker_period_min_s``. Called before the recorder hooks the model (a copy would
+    carry its hooks)."""
+    if not p.workers:
+        return 0.0
     model = copy.deepcopy(model)
     opt = spec.optimizer(model, spec.lr)
     times = []
@@ -60,7 +66,8 @@ def _own_step_s(spec: ModelSpec, p: Pathology, model: nn.Module, batch: Any) -> 
         _loss(spec, p, model, batch, i).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    return sorted(times[2:])[len(times[2:]) // 2]  # the first two warm the allocator up
+    own = statistics.median_high(times[2:])
+    return p.workers * max(p.worker_period_min_s, p.worker_period_steps * own)
 
 
 def _batches(rec: Recorder, spec: ModelSpec, p: Pathology, seed: int, rank: int,
@@ -222,9 +229,7 @@ def record(model_name: str, pathology: str, run_dir: str | os.PathLike[str], *,
         _can_autocast(spec, p, model, seed)
     base = [g["lr"] for g in opt.param_groups]
     mult = p.lr_schedule or p.lr_mult
-    # timed before the recorder hooks the model (a copy would carry its hooks)
-    worker_delay_s = p.workers * max(p.worker_period_min_s, p.worker_period_steps * _own_step_s(
-        spec, p, model, spec.data(seed * 100 + rank)(0))) if p.workers else 0.0
+    worker_delay_s = _worker_delay_s(spec, p, model, spec.data(seed * 100 + rank)(0))
     with Recorder(run_dir, model=train_model, optimizer=opt, preset=p.preset,
                   **{**BASE_KNOBS, **p.knobs}) as rec:
         for step, batch in enumerate(_batches(rec, spec, p, seed, rank, worker_delay_s)):

@@ -138,7 +138,7 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
     noise = _stats.mad_sigma(np.diff(upto)) / np.sqrt(2.0)
     # (whole windows only: a centred rolling median's shrunken edges are narrower medians)
     best_level = float(np.min(np.median(np.lib.stride_tricks.sliding_window_view(
-        loss, tail), axis=1))) if len(loss) >= tail else best
+        loss, min(tail, len(loss))), axis=1)))
     gain = end - best_level
     rose = (gain > th.rise * max(start - best_level, 1e-12)
             and gain > th.rise_abs * abs(best_level)
