@@ -12,6 +12,7 @@ import pytest
 from tracealyze.analyzer.diagnosis.detectors import gradient_explosion as ge
 from tracealyze.analyzer.diagnosis.summary import build_summary
 from tracealyze.analyzer.diagnosis.thresholds import dataclass_of
+from tracealyze.analyzer.stats.onset import single_jump
 from tracealyze.analyzer.stats.shift import objective_shift
 
 from tests.runfactory import make_run
@@ -52,9 +53,9 @@ def test_an_accelerating_growth_keeps_its_onset(seed: int) -> None:
 
 def test_helpers_single_jump_needs_a_flat_baseline() -> None:
     x = np.log(np.array([0.1, 0.12, 0.09, 0.11, 0.1, 50.0, 80.0, 200.0]))
-    assert ge.single_jump(x, 0, 5, math.log(10), 10, 8) == 5
+    assert single_jump(x, 0, 5, math.log(10), 10, 8) == 5
     rising = np.log(np.array([0.1, 0.3, 0.9, 2.7, 300.0, 900.0]))
-    assert ge.single_jump(rising, 0, 4, math.log(10), 10, 6) == 0
+    assert single_jump(rising, 0, 4, math.log(10), 10, 6) == 0
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
-from ...stats.onset import hinge, single_jump
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _at_start, _changes, _data, loss_spike
+from . import _at_start, _changes, _data, _growth, loss_spike
 from .base import Context
 
 ID = "gradient_explosion"
@@ -51,8 +50,14 @@ DOC = {
             "held (smoothed: one batch's spike is not a level) is factor × the total's "
             "typical level: norms that grow "
             "while the loss keeps falling are learning, and so is a transient rise that "
-            "settles back to its baseline for the rest of the run while the loss ends "
-            "below its level at the onset (with or without clipping). The onset is the "
+            "settles back to its baseline for the rest of the run, or ends at least "
+            "sqrt(factor) below the level it held, while the loss ends below its level at "
+            "the onset (with or without clipping: a new head's gradient surges once at the "
+            "peak learning rate and settles at its new level). Each series is read episode "
+            "by episode (a later one rises from a minimum after the earlier one's crossing), "
+            "the first that is an explosion reported; an episode that began before a batch "
+            "threw the run is read up to the batch, against the total's typical level "
+            "before it. The onset is the "
             "change point of the smoothed log norm (best flat-then-rising fit), or the one "
             "step that takes the raw norm out of its baseline's range for good by ln(factor) "
             "(a batch that threw the run), or that batch's step (loss_spike's batch event) "
@@ -70,133 +75,6 @@ DOC = {
     "fixes": "Lower the learning rate, add gradient clipping (clip_grad_norm_), LR warm-up, "
              "normalisation layers, check the loss scale with fp16.",
 }
-
-
-def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
-                   th: Thresholds, onset_min: int = 0, batch: int | None = None
-                   ) -> dict[str, Any] | None:
-    """Onset/crossing of a sustained rise in a log-norm series (NaN = missing point) whose
-    onset is at or after step ``onset_min`` (the end of the run's warm-up). ``batch``: the
-    step of a batch that threw the run (loss_spike's batch event), if any."""
-    ok = np.isfinite(logn)
-    step, x = step[ok], logn[ok]
-    # A growth that runs into NaN/Inf within a few steps of the start has no warm-up to
-    # skip and few points to show: 4 rising ones into a NaN are unmistakable.
-    if not len(x):
-        return None
-    short = ends_nonfinite and len(x) < th.min_points + th.warmup_steps
-    keep = step >= (step[0] + (0 if short else th.warmup_steps))
-    all_step, all_x = step, x
-    step, x = step[keep], x[keep]
-    if len(x) < (min(4, th.min_points) if short else th.min_points):
-        return None
-    xs = _stats.rolling_median(x, int(th.smooth))
-    w = max(2, int(window_pts))
-    pad = np.concatenate([np.full(w, np.inf), xs])
-    win = np.lib.stride_tricks.sliding_window_view(pad, w + 1)[:, :-1]  # previous w points
-    lo = win.min(axis=1)
-    lo_at = win.argmin(axis=1) - w + np.arange(len(xs))  # index of that minimum
-    # The rise must also clear the window's typical level (median), not just its minimum:
-    # a small tensor's gradient (e.g. a bias near convergence) is noisy in log space and
-    # rebounds 10x from a single deep dip back to its usual level without growing at all.
-    # (all-NaN padding windows give NaN)
-    typical = _stats.nanmedian(np.where(np.isinf(win), np.nan, win), axis=1)
-    need = math.log(float(th.factor))
-    with np.errstate(invalid="ignore"):
-        # (a third of the rise above the window's median: steady 5%-a-step growth sits half
-        # way up its own window, a rebound from one deep dip sits at the median)
-        rising = (xs - lo >= need) & (xs - typical >= need / 3)
-    for i in np.flatnonzero(rising):
-        j = int(lo_at[i])
-        if j < 0:
-            continue
-        # mostly rising: on the smoothed series, or as a significant monotone trend of the
-        # raw one (a noisy norm growing 5% a step has only ~60% rising raw steps)
-        seg = xs[j:i + 1]
-        up = float(np.mean(np.diff(seg) > 0)) if len(seg) > 1 else 0.0
-        end = min(len(x), i + int(th.sustain) + 1)
-        if up < th.min_up_frac and not (
-                len(seg) >= 8 and _stats.mann_kendall(x[j:i + 1])[1] < 0.001) and \
-                single_jump(x, j, i, need, w, end) == j:  # (or one step out of the noise)
-            continue
-        rest = xs[i:i + int(th.sustain)]
-        # NaN/Inf right after the growth ends it; NaN long after (a bad batch 150 steps
-        # later) says nothing about this rise
-        nan_ends_it = ends_nonfinite and len(xs) - i <= w
-        sustained = bool(np.all(rest >= lo[i] + need / 2)) and (
-            len(rest) >= th.sustain or nan_ends_it or i + len(rest) == len(xs))
-        if not sustained:
-            continue
-        # onset: the last point still at the typical level before the rise (a flat, noisy
-        # baseline has its minimum anywhere; growth starts where the series leaves that
-        # level for good). The level is the median of the window before the minimum, so the
-        # growth itself does not raise it.
-        level = typical[j] if np.isfinite(typical[j]) else lo[i]
-        near = np.flatnonzero(xs[j:i + 1] <= max(level, lo[i]) + 0.1 * need)
-        j = j + int(near[-1]) if len(near) else j
-        # the change point: where a flat baseline turns into the sustained rise (a noisy
-        # baseline's low point is not where growth starts)
-        j = hinge(xs, max(0, j - w), i, j)
-        # a prefix too short to be a baseline (under min_points from the run's first point,
-        # warm-up included) that went up by the rise test's own tolerance, or only went up,
-        # is the growth's own start, not a calm level it left: dated from the start
-        pre = all_x[all_step <= step[j]]
-        if j > 0 and len(pre) <= int(th.min_points) and (
-                pre[-1] - pre[0] >= need / 3 or bool(np.all(np.diff(pre) > 0))):
-            j = 0
-        jump = single_jump(x, j, i, need, w, end)
-        # early training: norms rise on their own and settle (an embedding's or a bias's
-        # gradient grows from its small initial level as the model learns). A rise from
-        # the warm-up counts only when it does not settle: it runs into NaN/Inf or is still
-        # growing at the end of the series; it is then dated from its own start (issue 45:
-        # a textbook explosion grows from step 0, with no calm prefix)
-        to_end = bool(np.all(xs[i:] >= lo[i] + need / 2)) and int(np.argmax(xs)) >= len(
-            xs) - max(3, w // 5)
-        if int(step[j]) < onset_min and not (nan_ends_it or to_end):
-            continue
-        # the rise must also clear the series' typical level since warm-up (not just a
-        # local dip) and actually go up from where it started
-        baseline = float(np.median(xs[:j + 1]))
-        peak = float(np.max(xs[i:i + int(th.sustain) + 1]))
-        if peak - baseline < need or x[i] <= x[j]:
-            continue
-        slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
-        onset, start_x = int(step[j]), float(x[j])
-        if j == 0 and slope > 0:  # the first point looked at: the warm-up's points before
-            k = int(np.searchsorted(all_step, step[0]))  # it on the same line start it
-            while k > 0 and all_x[k - 1] < all_x[k] - 0.5 * slope * (
-                    all_step[k] - all_step[k - 1]):
-                k -= 1
-            onset, start_x = int(all_step[k]), float(all_x[k])
-            # no level before it: its baseline is where it started
-            baseline = min(baseline, start_x)
-        if jump > j:  # dated to the jump, from the level before it; crossed there at once
-            onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
-        # a growth that reached its size only after a batch threw the run began with the
-        # batch (bad batch -> spike -> explosion): before it, the series had not risen by
-        # the factor from where the onset put it (an MoE expert's gradient drifting x2 while
-        # its share of tokens grows, then knocked x5 up for 15 steps by the batch)
-        if batch is not None and onset < batch <= int(step[i]):
-            b = int(np.searchsorted(step, batch))
-            if 0 < b < len(x) and float(np.max(xs[j:b])) - float(xs[j]) < need:
-                onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
-        # back down to (near) the baseline for the rest of the run: the rise ended
-        down = xs[i:] <= baseline + need / 2
-        after = np.flatnonzero(~down)
-        settled = bool(down[-1]) and not ends_nonfinite and len(after) < len(down)
-        return {"onset": onset, "cross": int(step[i]),
-                # still growing into the series' end (the first NaN, if any): its highest
-                # point among the last few before it, and up since the crossing
-                "into_end": bool(np.all(xs[i:] >= lo[i] + need / 2)
-                                 and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)),
-                "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
-                else None, "from": float(math.exp(start_x)),
-                "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
-                "max": float(math.exp(np.max(x))), "baseline": float(math.exp(baseline)),
-                # the level the growth held (smoothed: one batch's spike, a loss_spike's
-                # business, is not a level any growth reached)
-                "held": float(math.exp(np.max(xs)))}
-    return None
 
 
 def _nan_after(res: Mapping[str, Any], nan_at: int | None, window: int) -> int | None:
@@ -241,27 +119,55 @@ def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
     return float(np.median(after)) > float(np.median(before)) + 2 * noise
 
 
-def _learned_through(ctx: Context, res: Mapping[str, Any]) -> bool:
-    """A transient rise: the norms came back down to their baseline for the rest of the run
-    while the loss kept falling (its level at the end is clearly below its level at the
-    onset). That is a learning transition, with or without clipping, not an explosion."""
-    if res.get("settled_at") is None or res.get("first_nonfinite") is not None:
+def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window: int
+                     ) -> bool:
+    """A transient rise: the norms came back down, to their baseline for the rest of the
+    run, or from the level the growth held by at least sqrt(factor) (half the rise, in logs)
+    by the end, and the loss ends clearly below its level before the onset (it kept
+    learning), or no worse than it with no loss spike on the way (nothing it did remains,
+    and it did nothing a spike would show). That is a learning transition (a new head's
+    gradient grows as its features become informative, surges once at the peak learning
+    rate and settles at its new, higher level), with or without clipping, not an explosion:
+    an explosion does lasting harm, or throws the loss (a x100 learning rate under clipping:
+    the loss x10 for a step, back within 15)."""
+    if res.get("first_nonfinite") is not None:
         return False
+    ended = [res["settled_at"]] if res.get("settled_at") is not None else []
+    if res.get("end_level") is not None and res["end_level"] <= res["held"] / math.sqrt(factor):
+        ended.append(res["cross"])
     series = _data.finite_loss(ctx, 1)
-    if series is None:
+    if not ended or series is None:
         return False
+    since = min(ended)
     _, step, loss = series
-    at = loss[(step >= res["onset"] - 5) & (step <= res["onset"] + 5)]
-    end = loss[step >= max(res["settled_at"], int(step[-1]) - max(10, len(step) // 10))]
+    # the level the loss held when the growth began (before its onset: a sharp episode's
+    # own damage is no level it had reached) against its level at the end, two medians
+    # compared at two standard errors of their difference
+    at = loss[(step >= res["onset"] - 10) & (step < res["onset"])]
+    end = loss[step >= max(since, int(step[-1]) - max(10, len(step) // 10))]
     if len(at) < 3 or len(end) < 3:
         return False
     noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
-    return float(np.median(end)) < float(np.median(at)) - 2 * noise
+    se = 1.25 * noise * math.sqrt(1 / len(at) + 1 / len(end))
+    before, after = float(np.median(at)), float(np.median(end))
+    if after < before - 2 * se:
+        return True
+    spikes = loss_spike.spike_steps(ctx)
+    thrown = ((spikes >= res["onset"]) & (spikes <= res["cross"] + window)).any()
+    return after <= before + 2 * se and not thrown
+
+
+def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
+                   th: Thresholds, onset_min: int = 0, batch: int | None = None
+                   ) -> dict[str, Any] | None:
+    """The first growth episode of a log-norm series (:func:`_growth.find_explosions`)."""
+    return next(_growth.find_explosions(step, logn, ends_nonfinite, window_pts, th,
+                                        onset_min, batch), None)
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     total = None
-    typical_total = None
+    typical_total = typical_before = None
     r = _data.primary_rank(ctx, "grad_norm")
     thrown = loss_spike.batch_span(ctx)
     batch = None if thrown is None else thrown[0]
@@ -270,33 +176,57 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         int(th.warmup_steps), int(float(th.warmup_frac) * (hi - lo + 1)))
     if r is not None:
         d = _data.steps(ctx)[r]
-        g0 = d["grad_norm"][np.isfinite(d["grad_norm"]) & (d["grad_norm"] > 0)]
-        if len(g0):
-            typical_total = float(np.median(g0))
+        ok = np.isfinite(d["grad_norm"]) & (d["grad_norm"] > 0)
+        typical_total = float(np.median(d["grad_norm"][ok])) if ok.any() else None
+        if batch is not None:  # the model's usual gradient before the batch threw the run
+            ok &= d["step"] < batch
+            typical_before = float(np.median(d["grad_norm"][ok])) if ok.any() else None
+    win = int(th.window)
+
+    # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the
+    # norms grow. A layer whose gradient grows while the loss keeps falling is learning
+    # (BERT's attention query/key weights start near zero and grow 1000x as the heads learn
+    # to attend): not an explosion.
+    # (Unless the growth dwarfs the whole model's usual gradient: a layer ending 10x above
+    # the total's typical level is abnormal whatever the loss does yet.)
+    # (An episode that began before a batch threw the run is read up to the batch, against
+    # the model's usual gradient up to it: the batch may leave the model in another regime.)
+    def extreme(x: Mapping[str, Any]) -> bool:
+        usual = typical_before if batch is not None and x["onset"] < batch else typical_total
+        return usual is not None and x["held"] >= float(th.factor) * usual
+
+    def real(x: Mapping[str, Any]) -> bool:
+        return not _learned_through(ctx, x, float(th.factor), win) and (
+            _hurts(ctx, x, win) or extreme(x))
+
+    if r is not None:
+        d = _data.steps(ctx)[r]
         g = d["grad_norm"]
         given = d["grad_norm_given"]
         with np.errstate(all="ignore"):
             logn = np.where(given & np.isfinite(g) & (g > 0), np.log(g), np.nan)
         bad = np.flatnonzero(given & ~np.isfinite(g))
         cut = bad[0] if len(bad) else len(g)
-        total = find_explosion(d["step"][:cut], logn[:cut], bool(len(bad)), int(th.window),
-                               th, onset_min, batch)
-        if total is not None:
-            total["first_nonfinite"] = _nan_after(total, int(d["step"][bad[0]]) if len(bad)
-                                                  else None, int(th.window))
+        # the first episode that is an explosion (a learning transition before a batch that
+        # threw the run is not; the batch's own episode may be)
+        for ep in _growth.find_explosions(d["step"][:cut], logn[:cut], bool(len(bad)), win,
+                                          th, onset_min, batch):
+            ep["first_nonfinite"] = _nan_after(ep, int(d["step"][bad[0]]) if len(bad)
+                                               else None, win)
+            if real(ep):
+                total = ep
+                break
     layers = []
     tb = _data.tensor_buckets(ctx)
     size = tb["bucket_size"]
     for name, s in _data.series_of(ctx, "grad").items():
         bad = np.flatnonzero(s["n_nonfinite"] > 0)
         cut = bad[0] if len(bad) else len(s["step0"])
-        res = find_explosion(s["step0"][:cut].astype(np.int64), s["log_norm"][:cut],
-                             bool(len(bad)), max(2, int(th.window) // size), th,
-                             onset_min, batch)
-        if res is not None and typical_total is not None and \
-                res["max"] < float(th.min_share) * typical_total:
-            res = None  # grows, but stays negligible next to the whole model's gradient
-        if res is not None:
+        for res in _growth.find_explosions(
+                s["step0"][:cut].astype(np.int64), s["log_norm"][:cut], bool(len(bad)),
+                max(2, win // size), th, onset_min, batch):
+            if typical_total is not None and res["max"] < float(th.min_share) * typical_total:
+                continue  # grows, but stays negligible next to the whole model's gradient
             res["name"] = name
             # a NaN is this tensor's doing only when its gradient grew far past the model's
             # usual total on the way (BERT's query weights grow 1000x to an ordinary level
@@ -305,26 +235,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             res["into_end"] = res["into_end"] and big
             res["may_end_in_nan"] = big
             res["first_nonfinite"] = _nan_after(
-                res, int(s["first_nonfinite"][bad[0]]) if len(bad) and big else None,
-                int(th.window))
-            layers.append(res)
-    # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the
-    # norms grow. A layer whose gradient grows while the loss keeps falling is learning
-    # (BERT's attention query/key weights start near zero and grow 1000x as the heads learn
-    # to attend): not an explosion.
-    # (Unless the growth dwarfs the whole model's usual gradient: a layer ending 10x above
-    # the total's typical level is abnormal whatever the loss does yet.)
-    def extreme(x: Mapping[str, Any]) -> bool:
-        return typical_total is not None and x["held"] >= float(th.factor) * typical_total
-
-    win = int(th.window)
-
-    def real(x: Mapping[str, Any] | None) -> bool:
-        return x is not None and not _learned_through(ctx, x) and (
-            _hurts(ctx, x, win) or extreme(x))
-
-    total = total if real(total) else None
-    layers = [x for x in layers if real(x)]
+                res, int(s["first_nonfinite"][bad[0]]) if len(bad) and big else None, win)
+            if real(res):
+                layers.append(res)
+                break
     if total is None and not layers:
         start = _at_start.explosion_at_start(ctx, th)  # exploded before any level to grow
         return [_at_start.finding(ctx, start, ID, DOC["fixes"])] if start else []

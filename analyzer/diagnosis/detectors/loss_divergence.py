@@ -11,7 +11,7 @@ from ...stats.onset import departure
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data
+from . import _changes, _data, loss_spike
 from .base import Context
 
 ID = "loss_divergence"
@@ -49,7 +49,10 @@ DOC = {
             "at its new, worse level; the noise is measured up to the best point, as a "
             "diverging loss is turbulent itself). A loss that turns nonfinite without "
             "rising first is the nonfinite finding's. A learning-rate jump just before the "
-            "onset is named as its cause. Also a loss that never recovered: in a run "
+            "onset is named as its cause. Onset: where the smoothed loss leaves its best level "
+            "for good, by a tenth of the rise and twice the standard error of its own "
+            "median; a batch that threw the run (loss_spike) before the loss had risen "
+            "half way dates it. Also a loss that never recovered: in a run "
             "recorded from step 0, the smoothed loss climbs more than blowup × |step-0 "
             "loss| and blowup_sigmas × the loss's step-to-step noise above the step-0 loss "
             "in the first half of the run, and the end is still above the step-0 loss (its "
@@ -150,15 +153,27 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
         return _never_recovered(ctx, th, r, step, loss, sm, end, tail_nonfinite,
                                 l0=init, noise=step_noise)
     level = end if not tail_nonfinite else float("inf")
-    # onset: the first raw loss after the best that leaves the best level by a tenth of
-    # the rise, and the smoothed loss stays above that from there
-    onset_level = best + 0.1 * min(end - best, 10 * max(ref, abs(best)))
+    # onset: the first raw loss after the best that leaves the best level (at the end's
+    # precision) by a tenth of the rise, and the smoothed loss stays above that from there.
+    # The bar clears the smoothed loss's own noise (twice the standard error of a median of
+    # w points): the lowest w-point median is a dip of the noise, and a bar a tenth of the
+    # rise above it sits inside the noise of a classifier's per-batch loss (σ 0.06 at 0.45):
+    # the smoothed loss left it for good 40 steps before the batch that threw the run.
+    onset_level = best_level + max(0.1 * min(end - best_level, 10 * max(ref, abs(best))),
+                                   2 * 1.25 * noise / np.sqrt(w))
     first = int(step[min(departure(loss, sm, ib, onset_level, w), len(step) - 1)])
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
     # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)
     # its final level: the jump that caused it comes before that
     reach = np.flatnonzero(after >= end - 0.1 * (end - best))
     clear = int(step[ib + int(reach[0])]) if len(reach) else first
+    # a divergence that had not risen half way before a batch threw the run began with the
+    # batch (bad batch -> spike -> divergence; gradient_explosion dates its growth alike)
+    thrown = loss_spike.batch_span(ctx)
+    if thrown is not None and first < thrown[0] <= clear:
+        pre = loss[(step >= first) & (step < thrown[0])]
+        if not len(pre) or float(np.median(pre)) < best_level + 0.5 * (end - best_level):
+            first = thrown[0]
     cause = _changes.within(ctx, min(first, clear) - 10, max(first, clear) + 2)
     first, because = _changes.dated_by(cause, first)
     return [Finding(

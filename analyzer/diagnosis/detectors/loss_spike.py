@@ -221,6 +221,16 @@ def batch_span(ctx: Context) -> tuple[int, int] | None:
     return int(step[got["b"]]), int(step[min(got["until"], len(step) - 1)])
 
 
+def spike_steps(ctx: Context) -> np.ndarray:
+    """The steps of the loss's spikes (the loop's structure left out), a batch that threw the
+    run among them: damage other detectors may attribute (gradient_explosion)."""
+    got = _analyse(ctx, _own_th(ctx))
+    if got is None:
+        return np.zeros(0, dtype=np.int64)
+    idx = got["idx"] if got["b"] is None else np.union1d(got["idx"], [got["b"]])
+    return got["step"][np.asarray(idx, dtype=int)]
+
+
 def _analyse(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     """Everything :func:`detect` works from, computed once per analysis (shared with
     :func:`batch_span`)."""

@@ -1,0 +1,160 @@
+"""Episodes of sustained geometric growth in a log-norm series (gradient_explosion's engine).
+
+Works on log norms: geometric growth is a straight rising line there. A rise of ln(factor) of
+the smoothed log norm above its minimum over the previous ``window`` points that is sustained
+(or ends in NaN/Inf) is a growth episode; its onset is the change point where the flat level
+turns into the rise. A series can hold several (a model's gradients grow as it starts to learn
+and settle at their new level; a bad batch 100 steps later throws them again): each is judged
+on its own, the later one rising from a minimum after the earlier one's crossing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ...stats import robust as _stats
+from ...stats.onset import hinge, single_jump
+from ..thresholds import Thresholds
+
+
+def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
+                    th: Thresholds, onset_min: int = 0, batch: int | None = None
+                    ) -> Iterator[dict[str, Any]]:
+    """Each sustained rise in a log-norm series (NaN = missing point) whose onset is at or
+    after step ``onset_min`` (the end of the run's warm-up), in order: onset, crossing and the
+    levels it went through. ``batch``: the step of a batch that threw the run (loss_spike's
+    batch event), if any."""
+    ok = np.isfinite(logn)
+    step, x = step[ok], logn[ok]
+    # A growth that runs into NaN/Inf within a few steps of the start has no warm-up to
+    # skip and few points to show: 4 rising ones into a NaN are unmistakable.
+    if not len(x):
+        return
+    short = ends_nonfinite and len(x) < th.min_points + th.warmup_steps
+    keep = step >= (step[0] + (0 if short else th.warmup_steps))
+    all_step, all_x = step, x
+    step, x = step[keep], x[keep]
+    if len(x) < (min(4, th.min_points) if short else th.min_points):
+        return
+    xs = _stats.rolling_median(x, int(th.smooth))
+    w = max(2, int(window_pts))
+    pad = np.concatenate([np.full(w, np.inf), xs])
+    win = np.lib.stride_tricks.sliding_window_view(pad, w + 1)[:, :-1]  # previous w points
+    lo = win.min(axis=1)
+    lo_at = win.argmin(axis=1) - w + np.arange(len(xs))  # index of that minimum
+    # The rise must also clear the window's typical level (median), not just its minimum:
+    # a small tensor's gradient (e.g. a bias near convergence) is noisy in log space and
+    # rebounds 10x from a single deep dip back to its usual level without growing at all.
+    # (all-NaN padding windows give NaN)
+    typical = _stats.nanmedian(np.where(np.isinf(win), np.nan, win), axis=1)
+    need = math.log(float(th.factor))
+    with np.errstate(invalid="ignore"):
+        # (a third of the rise above the window's median: steady 5%-a-step growth sits half
+        # way up its own window, a rebound from one deep dip sits at the median)
+        rising = (xs - lo >= need) & (xs - typical >= need / 3)
+    last = -1  # the previous episode's crossing: a next one rises from a minimum after it
+    for i in np.flatnonzero(rising):
+        j = int(lo_at[i])
+        if j <= last:
+            continue
+        # mostly rising: on the smoothed series, or as a significant monotone trend of the
+        # raw one (a noisy norm growing 5% a step has only ~60% rising raw steps)
+        seg = xs[j:i + 1]
+        up = float(np.mean(np.diff(seg) > 0)) if len(seg) > 1 else 0.0
+        end = min(len(x), i + int(th.sustain) + 1)
+        if up < th.min_up_frac and not (
+                len(seg) >= 8 and _stats.mann_kendall(x[j:i + 1])[1] < 0.001) and \
+                single_jump(x, j, i, need, w, end) == j:  # (or one step out of the noise)
+            continue
+        rest = xs[i:i + int(th.sustain)]
+        # NaN/Inf right after the growth ends it; NaN long after (a bad batch 150 steps
+        # later) says nothing about this rise
+        nan_ends_it = ends_nonfinite and len(xs) - i <= w
+        sustained = bool(np.all(rest >= lo[i] + need / 2)) and (
+            len(rest) >= th.sustain or nan_ends_it or i + len(rest) == len(xs))
+        if not sustained:
+            continue
+        # onset: the last point still at the typical level before the rise (a flat, noisy
+        # baseline has its minimum anywhere; growth starts where the series leaves that
+        # level for good). The level is the median of the window before the minimum, so the
+        # growth itself does not raise it.
+        level = typical[j] if np.isfinite(typical[j]) else lo[i]
+        near = np.flatnonzero(xs[j:i + 1] <= max(level, lo[i]) + 0.1 * need)
+        j = j + int(near[-1]) if len(near) else j
+        # the change point: where a flat baseline turns into the sustained rise (a noisy
+        # baseline's low point is not where growth starts)
+        j = hinge(xs, max(0, j - w), i, j)
+        # a prefix too short to be a baseline (under min_points from the run's first point,
+        # warm-up included) that went up by the rise test's own tolerance, or only went up,
+        # is the growth's own start, not a calm level it left: dated from the start
+        pre = all_x[all_step <= step[j]]
+        if j > 0 and len(pre) <= int(th.min_points) and (
+                pre[-1] - pre[0] >= need / 3 or bool(np.all(np.diff(pre) > 0))):
+            j = 0
+        jump = single_jump(x, j, i, need, w, end)
+        # early training: norms rise on their own and settle (an embedding's or a bias's
+        # gradient grows from its small initial level as the model learns). A rise from
+        # the warm-up counts only when it does not settle: it runs into NaN/Inf or is still
+        # growing at the end of the series; it is then dated from its own start (issue 45:
+        # a textbook explosion grows from step 0, with no calm prefix)
+        to_end = bool(np.all(xs[i:] >= lo[i] + need / 2)) and int(np.argmax(xs)) >= len(
+            xs) - max(3, w // 5)
+        if int(step[j]) < onset_min and not (nan_ends_it or to_end):
+            continue
+        # the rise must also clear the series' typical level since warm-up (not just a
+        # local dip) and actually go up from where it started
+        baseline = float(np.median(xs[:j + 1]))
+        peak = float(np.max(xs[i:i + int(th.sustain) + 1]))
+        if peak - baseline < need or x[i] <= x[j]:
+            continue
+        slope, _ = _stats.theil_sen(step[j:i + 1].astype(float), x[j:i + 1])
+        onset, start_x = int(step[j]), float(x[j])
+        if j == 0 and slope > 0:  # the first point looked at: the warm-up's points before
+            k = int(np.searchsorted(all_step, step[0]))  # it on the same line start it
+            while k > 0 and all_x[k - 1] < all_x[k] - 0.5 * slope * (
+                    all_step[k] - all_step[k - 1]):
+                k -= 1
+            onset, start_x = int(all_step[k]), float(all_x[k])
+            # no level before it: its baseline is where it started
+            baseline = min(baseline, start_x)
+        if jump > j:  # dated to the jump, from the level before it; crossed there at once
+            onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
+        # a growth that reached its size only after a batch threw the run began with the
+        # batch (bad batch -> spike -> explosion): before it, the series had not risen by
+        # the factor from where the onset put it (an MoE expert's gradient drifting x2 while
+        # its share of tokens grows, then knocked x5 up for 15 steps by the batch)
+        if batch is not None and onset < batch <= int(step[i]):
+            b = int(np.searchsorted(step, batch))
+            if 0 < b < len(x) and float(np.max(xs[j:b])) - float(xs[j]) < need:
+                onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
+        # what the growth did is read up to a batch that threw the run after its onset:
+        # what followed the batch is the batch's doing (bad batch -> spike -> explosion), its
+        # own episode
+        stop = len(xs)
+        if batch is not None and onset < batch:
+            stop = max(i + 1, int(np.searchsorted(step, batch)))
+        # back down to (near) the baseline for the rest of the run: the rise ended
+        down = xs[i:] <= baseline + need / 2
+        after = np.flatnonzero(~down)
+        settled = bool(down[-1]) and not ends_nonfinite and len(after) < len(down)
+        # its level at the end (the last tenth, at least min_points): the same precision as
+        # the loss's end it is compared with
+        end = xs[max(i + 1, stop - max(int(th.min_points), stop // 10)):stop]
+        yield {"onset": onset, "cross": int(step[i]),
+               # still growing into the series' end (the first NaN, if any): its highest
+               # point among the last few before it, and up since the crossing
+               "into_end": bool(np.all(xs[i:] >= lo[i] + need / 2)
+                                and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)),
+               "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
+               else None, "from": float(math.exp(start_x)),
+               "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
+               "max": float(math.exp(np.max(x[:stop]))), "baseline": float(math.exp(baseline)),
+               # the level the growth held (smoothed: one batch's spike, a loss_spike's
+               # business, is not a level any growth reached)
+               "held": float(math.exp(np.max(xs[:stop]))),
+               "end_level": float(math.exp(np.median(end))) if len(end) else None}
+        last = i
