@@ -49,10 +49,10 @@ DOC = {
             "at its new, worse level; the noise is measured up to the best point, as a "
             "diverging loss is turbulent itself). A loss that turns nonfinite without "
             "rising first is the nonfinite finding's. A learning-rate jump just before the "
-            "onset is named as its cause. Onset: where the smoothed loss leaves its best level "
-            "for good, by a tenth of the rise and twice the standard error of its own "
-            "median; a batch that threw the run (loss_spike) before the loss had risen "
-            "half way dates it. Also a loss that never recovered: in a run "
+            "onset is named as its cause. Onset: where the smoothed loss leaves its best "
+            "level for good by a tenth of the rise; a batch that threw the run (loss_spike) "
+            "before the loss had risen half way dates it. Also a loss that never recovered: "
+            "in a run "
             "recorded from step 0, the smoothed loss climbs more than blowup × |step-0 "
             "loss| and blowup_sigmas × the loss's step-to-step noise above the step-0 loss "
             "in the first half of the run, and the end is still above the step-0 loss (its "
@@ -153,14 +153,9 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
         return _never_recovered(ctx, th, r, step, loss, sm, end, tail_nonfinite,
                                 l0=init, noise=step_noise)
     level = end if not tail_nonfinite else float("inf")
-    # onset: the first raw loss after the best that leaves the best level (at the end's
-    # precision) by a tenth of the rise, and the smoothed loss stays above that from there.
-    # The bar clears the smoothed loss's own noise (twice the standard error of a median of
-    # w points): the lowest w-point median is a dip of the noise, and a bar a tenth of the
-    # rise above it sits inside the noise of a classifier's per-batch loss (σ 0.06 at 0.45):
-    # the smoothed loss left it for good 40 steps before the batch that threw the run.
-    onset_level = best_level + max(0.1 * min(end - best_level, 10 * max(ref, abs(best))),
-                                   2 * 1.25 * noise / np.sqrt(w))
+    # onset: the first raw loss after the best that leaves the best level by a tenth of
+    # the rise, and the smoothed loss stays above that from there
+    onset_level = best + 0.1 * min(end - best, 10 * max(ref, abs(best)))
     first = int(step[min(departure(loss, sm, ib, onset_level, w), len(step) - 1)])
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
     # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)

@@ -11,7 +11,7 @@ from ...stats.periodic import Pattern, one_phase, phase_level, phase_pattern
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data
+from . import _changes, _data, _spike_tail
 from .base import Context
 
 ID = "loss_spike"
@@ -50,7 +50,17 @@ DOC = {
             "its excess relative to the level before it, or the only one, is a batch that "
             "threw the run (evidence.batch; not within 10 steps after a learning-rate jump "
             "or during a rising ramp): the finding is dated at it and is the cause of the "
-            "explosion, divergence, NaN or plateau that begins with it.",
+            "explosion, divergence, NaN or plateau that begins with it. A spike or throw "
+            "counts only when it did damage (the lower quartile of the next "
+            "2 × recover_steps losses stays four times what that floor wanders after any "
+            "step above the level before it), or stands apart from the loss's own tail "
+            "(between it and the largest step under the bar, the sorted sizes, relative to "
+            "their level, break somewhere by APART = 5; the steps right after a spike are "
+            "its consequences, not the tail), or comes with a learning-rate rise once a "
+            "level is set (a jump just before, or a ramp that took the rate above the "
+            "run's median); the others are the data's heavy tail (outlier targets, noisy "
+            "labels in small batches, long sequences summed over tokens): reported at "
+            "info (_spike_tail.py).",
     "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
              "(the spike steps' data), use a larger batch or loss scaling with AMP.",
 }
@@ -135,9 +145,6 @@ def batch_event(ctx: Context, step: np.ndarray, loss: np.ndarray, prev: np.ndarr
     the first step of the event that dominates every other (DOMINANT), or of the only one;
     not one right after a learning-rate jump or during a rising ramp (the rate's doing).
     Throws at the phases of the loop's ``pattern`` are its structure, as its spikes are."""
-    thrown = [t for t in _throws(loss, prev, sigma, th)
-              if pattern is None or not pattern.explains(int(step[t]))]
-    idx = np.union1d(idx, thrown).astype(int)
     events: list[tuple[int, float, int]] = []  # (first, excess relative to the level, end)
     k = 0
     while k < len(idx):
@@ -179,6 +186,22 @@ def _throws(loss: np.ndarray, prev: np.ndarray, sigma: float, th: Thresholds) ->
     hit = (jump > float(th.min_rel_jump) * DOMINANT * np.abs(prev[t])) & (
         jump > float(th.z) * sigma) & near
     return t[hit]
+
+
+def _lr_caused(ctx: Context, r: int, first: int, last: int) -> bool:
+    """Did a learning-rate rise set off the spikes in [first, last]: a jump just before the
+    first, or a ramp into them that had taken the rate above what the run trains at (its
+    median; a warm-up still rising is below it: the design, not an excess)."""
+    cause = _changes.within(ctx, first - 10, last)
+    if cause is None or cause.get("kind") != "lr_ramp":
+        return cause is not None
+    d = _data.steps(ctx).get(r)
+    if d is None:
+        return False
+    lr = d["lr"]
+    ok = np.isfinite(lr)
+    at = lr[(d["step"] == first) & ok]
+    return bool(ok.any() and len(at) and float(at[0]) > float(np.median(lr[ok])))
 
 
 def _own_th(ctx: Context) -> Thresholds:
@@ -267,10 +290,22 @@ def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     # one event far beyond all the others (a batch that threw the run) is a different
     # thing from a family of small spikes: the finding is dated at it, and it can be the
     # cause of what follows (causality.py)
+    thrown = [t for t in _throws(loss, prev, sigma, th)
+              if pattern is None or not pattern.explains(int(step[t]))]
+    idx = np.union1d(idx, thrown).astype(int)
+    # spikes that come with a learning-rate rise (a jump just before the first, or a ramp
+    # into it) once a level is set are the rate's doing; only the others can be the data's
+    # heavy tail (a warm-up's rise is the first steps' by design)
+    late = idx[idx >= int(th.window) // 2]
+    caused = len(late) > 0 and _lr_caused(ctx, r, int(step[late[0]]), int(step[late[-1]]))
+    judged = np.setdiff1d(idx, late) if caused else idx
+    kept, tail = _spike_tail.instability(loss, prev, judged, sigma, th,
+                                         resid > float(th.z) * sigma, DOMINANT)
+    idx = np.union1d(kept, late).astype(int) if caused else kept
     b, until, idx = batch_event(ctx, step, loss, prev, idx, sigma, th, pattern)
     return {"r": r, "step": step, "loss": loss, "idx": idx, "base": base, "resid": resid,
             "sigma": sigma, "prev": prev, "pattern": pattern, "by_design": by_design,
-            "b": b, "until": until}
+            "b": b, "until": until, "tail": tail}
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
@@ -281,7 +316,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         got[k] for k in ("r", "step", "loss", "idx", "base", "resid", "sigma", "prev",
                          "pattern", "by_design", "b", "until"))
     if not len(idx):
-        return [_structure(r, step, by_design, pattern)] if by_design else []
+        if by_design:
+            return [_structure(r, step, by_design, pattern)]
+        tail = got["tail"]
+        return [_spike_tail.finding(ID, r, step, loss, prev, tail)] if len(tail) else []
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
     first = idx[0] if b is None else b
     spikes = [int(s) for s in step[idx][:20]]
