@@ -4,8 +4,8 @@ A loss whose batches are heavy-tailed by the data (outlier targets, two wrong la
 of six, a long sequence summed over its tokens) puts batches 5-12x above the local level into
 every run, each back at the level on the next step. What marks an accident of training is that
 it did damage (the model, knocked by the update, climbs back over the next steps) or that it
-stands an order of magnitude beyond everything else the loss does (an overflow, a corrupt
-batch); the rest is the data.
+stands APART times beyond everything else the loss does (an overflow, a corrupt batch); the
+rest is the data.
 """
 
 from __future__ import annotations
@@ -25,15 +25,13 @@ relative to it) break by this factor between it and the largest step under the s
 
 
 def instability(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray, sigma: float,
-                 th: Thresholds, over: np.ndarray, dominant: float
-                ) -> tuple[np.ndarray, np.ndarray]:
+                 th: Thresholds, over: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(spikes, the data's tail): a spike is an accident of training when the update it
     drove did damage (the lower quartile of the next 2 x recover_steps losses stays four
     times what that floor wanders after any step above the level before it: the model was
-    knocked and is climbing back) or when it stands ``dominant``
-    times beyond the loss's own tail (its excess over the level, relative to that level,
-    against the largest among the steps under the spike bar (``over``): a corrupt batch,
-    an overflow).
+    knocked and is climbing back) or when it stands APART times beyond the loss's own tail
+    (its excess over the level, relative to that level, against the largest among the steps
+    under the spike bar, ``over``: a corrupt batch, an overflow).
     The others are the data's heavy tail (Student-t or lognormal targets, 2 wrong labels in
     a batch of 6, a long sequence summed over its tokens): one step up, the next back where
     it was, in a continuum of sizes with the steps under the bar; nothing went wrong."""
@@ -70,7 +68,7 @@ def instability(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray, sigma: floa
     others = rel[rest]
     floor = max(float(np.max(others)) if len(others) else 0.0, 1e-12)
     # apart: between it and the largest step under the bar, the sizes (all steps' and every
-    # spike's, sorted) break somewhere by `dominant`; a heavy tail's run on without a break
+    # spike's, sorted) break somewhere by APART; a heavy tail's run on without a break
     valid[idx] = True
     sizes = np.sort(rel[valid])[::-1]
 
@@ -85,7 +83,8 @@ def instability(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray, sigma: floa
 
 
 def finding(detector: str, r: int, step: np.ndarray, loss: np.ndarray, prev: np.ndarray,
-                tail: np.ndarray) -> Finding:
+            tail: np.ndarray) -> Finding:
+    """The info finding for spikes that are the data's heavy tail."""
     worst = int(tail[np.argmax(loss[tail] / np.maximum(np.abs(prev[tail]), 1e-12))])
     return Finding(
         id=detector, severity="info", subject="loss", first_step=int(step[tail[0]]),

@@ -300,7 +300,7 @@ def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     caused = len(late) > 0 and _lr_caused(ctx, r, int(step[late[0]]), int(step[late[-1]]))
     judged = np.setdiff1d(idx, late) if caused else idx
     kept, tail = _spike_tail.instability(loss, prev, judged, sigma, th,
-                                         resid > float(th.z) * sigma, DOMINANT)
+                                         resid > float(th.z) * sigma)
     idx = np.union1d(kept, late).astype(int) if caused else kept
     b, until, idx = batch_event(ctx, step, loss, prev, idx, sigma, th, pattern)
     return {"r": r, "step": step, "loss": loss, "idx": idx, "base": base, "resid": resid,
