@@ -132,13 +132,12 @@ def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window
     the loss x10 for a step, back within 15)."""
     if res.get("first_nonfinite") is not None:
         return False
-    ended = [res["settled_at"]] if res.get("settled_at") is not None else []
-    if res.get("end_level") is not None and res["end_level"] <= res["held"] / math.sqrt(factor):
-        ended.append(res["cross"])
+    # (settled_at, when there is one, comes after the crossing)
+    since = res["cross"] if res.get("end_level") is not None and (
+        res["end_level"] <= res["held"] / math.sqrt(factor)) else res.get("settled_at")
     series = _data.finite_loss(ctx, 1)
-    if not ended or series is None:
+    if since is None or series is None:
         return False
-    since = min(ended)
     _, step, loss = series
     # the level the loss held when the growth began (before its onset: a sharp episode's
     # own damage is no level it had reached) against its level at the end, two medians
@@ -174,13 +173,6 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     lo, hi = _data.step_range(ctx)
     onset_min = 0 if lo is None else lo + max(
         int(th.warmup_steps), int(float(th.warmup_frac) * (hi - lo + 1)))
-    if r is not None:
-        d = _data.steps(ctx)[r]
-        ok = np.isfinite(d["grad_norm"]) & (d["grad_norm"] > 0)
-        typical_total = float(np.median(d["grad_norm"][ok])) if ok.any() else None
-        if batch is not None:  # the model's usual gradient before the batch threw the run
-            ok &= d["step"] < batch
-            typical_before = float(np.median(d["grad_norm"][ok])) if ok.any() else None
     win = int(th.window)
 
     # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the
@@ -203,6 +195,11 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         d = _data.steps(ctx)[r]
         g = d["grad_norm"]
         given = d["grad_norm_given"]
+        ok = np.isfinite(g) & (g > 0)
+        typical_total = float(np.median(g[ok])) if ok.any() else None
+        if batch is not None:  # the model's usual gradient before the batch threw the run
+            ok &= d["step"] < batch
+            typical_before = float(np.median(g[ok])) if ok.any() else None
         with np.errstate(all="ignore"):
             logn = np.where(given & np.isfinite(g) & (g > 0), np.log(g), np.nan)
         bad = np.flatnonzero(given & ~np.isfinite(g))

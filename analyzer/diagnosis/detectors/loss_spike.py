@@ -250,8 +250,7 @@ def spike_steps(ctx: Context) -> np.ndarray:
     got = _analyse(ctx, _own_th(ctx))
     if got is None:
         return np.zeros(0, dtype=np.int64)
-    idx = got["idx"] if got["b"] is None else np.union1d(got["idx"], [got["b"]])
-    return got["step"][np.asarray(idx, dtype=int)]
+    return got["step"][np.asarray(got["idx"], dtype=int)]  # (the batch is one of them)
 
 
 def _analyse(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
@@ -298,10 +297,10 @@ def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     # heavy tail (a warm-up's rise is the first steps' by design)
     late = idx[idx >= int(th.window) // 2]
     caused = len(late) > 0 and _lr_caused(ctx, r, int(step[late[0]]), int(step[late[-1]]))
-    judged = np.setdiff1d(idx, late) if caused else idx
-    kept, tail = _spike_tail.instability(loss, prev, judged, sigma, th,
-                                         resid > float(th.z) * sigma)
-    idx = np.union1d(kept, late).astype(int) if caused else kept
+    idx, tail = _spike_tail.instability(loss, prev, idx[~np.isin(idx, late)] if caused else idx,
+                                        sigma, th, resid > float(th.z) * sigma)
+    if caused:
+        idx = np.union1d(idx, late).astype(int)
     b, until, idx = batch_event(ctx, step, loss, prev, idx, sigma, th, pattern)
     return {"r": r, "step": step, "loss": loss, "idx": idx, "base": base, "resid": resid,
             "sigma": sigma, "prev": prev, "pattern": pattern, "by_design": by_design,
