@@ -118,12 +118,23 @@ def test_terminal_ctrl_c_under_record_keeps_every_step(tmp_path: Path, presses: 
         text.split("KeyboardInterrupt")[-1]
 
 
+def _as_from_a_terminal() -> None:
+    """A shell without job control starts a background job (``pytest ... &``) with SIGINT and
+    SIGQUIT ignored, and the ignoring is inherited: Python then installs no Ctrl-C handler at
+    all, and the script under test never sees the interrupt (the suite's one flaky failure,
+    2026-11-29: it hung only when the suite ran in the background). A user's script run from a
+    terminal has the default disposition: give the child that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def test_double_ctrl_c_on_a_plain_recorder_leaves_a_closed_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     script = tmp_path / "train.py"
     script.write_text(PLAIN_RECORDER.format(root=ROOT, run=str(run)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_as_from_a_terminal)
     assert proc.stdout is not None
     deadline, last = time.time() + 180, 0
     while last < 300:
