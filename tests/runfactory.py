@@ -240,6 +240,7 @@ def make_run(
     loss_scale: Any = None,
     cpu: Any = None,
     cpu_queue: Any = None,
+    tokens_per_s: Any = None,
     tensors: int | Sequence[str] = 0,
     tensor_kinds: Sequence[str] = ("grad", "param", "update"),
     tensor_norm: Callable[[np.ndarray, str, str], Any] | None = None,
@@ -273,8 +274,9 @@ def make_run(
     (post-)order, written as kind=activation rows with ``seq``; ``activation_stats(steps,
     name)`` may return column arrays (``norm``, ``nonfinite``, ``zero_frac`` ...).
     ``cpu`` / ``cpu_queue`` fill ``steps.cpu_s`` / ``cpu_queue_s`` (default: absent, as
-    in a run recorded before they were). ``status`` running/crashed/completed;
-    ``heartbeat_age_s`` ages the heartbeat (a killed run).
+    in a run recorded before they were); ``tokens_per_s`` fills ``steps.tokens_per_s``
+    (default: absent, as when the recorder was given no token counts). ``status``
+    running/crashed/completed; ``heartbeat_age_s`` ages the heartbeat (a killed run).
     ``events`` are event rows (``rank`` defaults to 0). ``parts`` splits each table into that
     many part files, ``merged`` writes one merged ``part-1-<parts>`` instead. ``hosts``
     names each rank's host (rank files; default ``testhost``); ``tensor_ranks`` the ranks
@@ -319,7 +321,8 @@ def make_run(
         }
         if loss_scale is not None:
             steps_tbl["loss_scale"] = series(loss_scale, step_arr, rank)
-        for col, spec in (("cpu_s", cpu), ("cpu_queue_s", cpu_queue)):
+        for col, spec in (("cpu_s", cpu), ("cpu_queue_s", cpu_queue),
+                          ("tokens_per_s", tokens_per_s)):
             if spec is not None:
                 steps_tbl[col] = series(spec, step_arr, rank)
         _write_table_parts(run_dir, "steps", rank, to_arrow("steps", steps_tbl), parts, merged)

@@ -58,13 +58,24 @@ def split(dur: np.ndarray, queue: np.ndarray, cpu: np.ndarray, out: np.ndarray,
     beyond = q - usual * d
     machine = beyond >= MACHINE_SHARE * excess
     own = ~machine
-    cpu_share = None
-    if own.any() and np.isfinite(cpu[out][own]).all() and np.isfinite(cpu[typ]).any():
-        extra_cpu = np.maximum(cpu[out][own] - float(np.nanmedian(cpu[typ])), 0.0)
-        cpu_share = float(extra_cpu.sum() / excess[own].sum())
+    # each slow step's CPU work beyond the typical step's, over its excess time (NaN where
+    # the run has no CPU figures)
+    busy = np.full(len(d), np.nan)
+    if np.isfinite(cpu[typ]).any():
+        busy = np.maximum(cpu[out] - float(np.nanmedian(cpu[typ])), 0.0) / excess
     wait_share = (float(beyond[machine].sum() / excess[machine].sum())
                   if machine.any() else None)
-    return {"machine": machine, "wait_share": wait_share, "own_cpu_share": cpu_share}
+    return {"machine": machine, "wait_share": wait_share,
+            "own_cpu_share": cpu_share_of(busy, excess, own), "cpu_busy": busy,
+            "excess": excess}
+
+
+def cpu_share_of(busy: np.ndarray, excess: np.ndarray, which: np.ndarray) -> float | None:
+    """The share of the ``which`` slow steps' excess time that was the process's own CPU
+    work (None without CPU figures for each of them)."""
+    if not which.any() or not np.isfinite(busy[which]).all():
+        return None
+    return float((busy[which] * excess[which]).sum() / excess[which].sum())
 
 
 def own_kind(cpu_share: float | None) -> str:

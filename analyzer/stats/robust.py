@@ -121,3 +121,20 @@ def bucket_series(x: np.ndarray, y: np.ndarray, buckets: int, how: str = "min"
         xs.append(x[a])
         ys.append(seg.min() if how == "min" else np.median(seg))
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+
+
+def stands_apart(cands: np.ndarray, sizes: np.ndarray, floor: float, factor: float
+                 ) -> np.ndarray:
+    """For each candidate size, whether it stands ``factor`` times beyond the series' own
+    tail: the sizes from it down to ``floor`` (the largest ordinary value), sorted, break
+    somewhere by ``factor`` between consecutive values. A heavy tail (lognormal, Pareto)
+    runs on in steps of a few times among its largest draws; an accident (a corrupt batch,
+    a stall) sits orders beyond them. Candidates are among ``sizes``; all are > 0 here."""
+    cands = np.asarray(cands, dtype=np.float64)
+    floor = max(float(floor), 1e-12)
+    s = np.sort(np.asarray(sizes, dtype=np.float64))[::-1]
+    s = np.concatenate([s[np.isfinite(s) & (s >= floor)], [floor]])
+    brk = s[:-1] >= factor * np.maximum(s[1:], 1e-12)
+    if not brk.any():
+        return np.zeros(len(cands), dtype=bool)
+    return cands >= float(np.min(s[:-1][brk]))  # (a break at or below the candidate)

@@ -82,14 +82,7 @@ def instability(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray, sigma: floa
     # apart: between it and the largest step under the bar, the sizes (all steps' and every
     # spike's, sorted) break somewhere by APART; a heavy tail's run on without a break
     valid[idx] = True
-    sizes = np.sort(rel[valid])[::-1]
-
-    def stands_apart(v: float) -> bool:
-        seq = sizes[(sizes <= v) & (sizes >= floor)]
-        seq = np.concatenate([[v], seq, [floor]])
-        return bool(np.any(seq[:-1] >= APART * np.maximum(seq[1:], 1e-12)))
-
-    apart = np.array([stands_apart(float(rel[i])) for i in idx], dtype=bool)
+    apart = _stats.stands_apart(rel[idx], rel[valid], floor, APART)
     keep = hurt | apart  # (the last step, with nothing after it, only by standing apart)
     return idx[keep], idx[~keep]
 

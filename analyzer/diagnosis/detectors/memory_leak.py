@@ -20,6 +20,7 @@ from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
 from . import _data
+from ._workset import WORK_GROWTH, share_with_work, work_series
 from .base import Context
 
 ID = "memory_leak"
@@ -70,8 +71,13 @@ DOC = {
             "not the leak's start; refined to the last step still at the level before it, "
             "or the step before its first steadily rising increment within two windows. "
             "The recorder's own profiler windows are discounted: their steps are skipped and "
-            "the level the profiler kept is subtracted from what follows, until the "
-            "recorder frees it.",
+            "the level the profiler kept (when it stands 3 robust sigmas out of the steps' "
+            "own changes) is subtracted from what follows, until the recorder frees it. "
+            "Info, not a leak: a rise at least WORK_GROWTH of which comes where the work per "
+            "step (tokens, else the step time) set a new high (the working set of longer "
+            "sequences or larger images: _workset.py), and RSS growing while the heap in "
+            "use, recorded beside it, shows no leak (pages the allocator keeps, or memory "
+            "outside malloc).",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies. On CPU "
              "with input shapes that change every step (variable graphs, token routing, "
@@ -85,7 +91,8 @@ HOST = ("heap_bytes", "rss_bytes")  # one host finding: the heap's when it shows
 
 def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
              min_growth: float | None = None, min_frac: float | None = None,
-             precise: bool = False) -> dict[str, Any] | None:
+             precise: bool = False, work: tuple[np.ndarray, np.ndarray, bool] | None = None
+             ) -> dict[str, Any] | None:
     ok = np.isfinite(val)
     step, val = step[ok], val[ok]
     if len(step) < th.min_steps:
@@ -159,7 +166,8 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
     # the growth quoted is the message's own "from start to end"
     growth = max(float(y[-1]) - start, 0.0)
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
-            "first_step": first, "last_step": int(s[-1]), "steps": len(s)}
+            "first_step": first, "last_step": int(s[-1]), "steps": len(s),
+            "with_work": share_with_work(x, y, work) if work is not None else 0.0}
 
 
 SETTLE = 10
@@ -201,13 +209,21 @@ def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
         pre, post = val[pre_at], val[post_at]
         if len(pre) and len(post):
             # less what the training's own trend added over the gap (a leak running
-            # through the window is not the profiler's): the median per-step change on
-            # either side, times the distance between the two medians' steps
-            sides = [np.diff(val[m]) / np.maximum(np.diff(step[m]), 1) for m in (pre_at, post_at)
-                     if m.sum() > 1]
-            trend = float(np.median(np.concatenate(sides))) if sides else 0.0
+            # through the window is not the profiler's): the least-squares slope on either
+            # side (a cache filling in bursts, most steps adding nothing, has a median
+            # change of 0 and its growth over the gap read as the profiler's), averaged,
+            # times the distance between the two medians' steps
+            sides = [float(np.polyfit(step[m].astype(np.float64), val[m], 1)[0])
+                     for m in (pre_at, post_at) if m.sum() > 2]
+            trend = float(np.mean(sides)) if sides else 0.0
             gap = float(np.median(step[post_at]) - np.median(step[pre_at]))
             kept = max(0.0, float(np.median(post)) - float(np.median(pre)) - trend * gap)
+            # a level the profiler kept stands out of the steps' own changes (3 robust
+            # sigmas of them on either side); a few KiB of noise is no level, and taking it
+            # for one made any later fall of that size "the recorder freeing it"
+            noise = _stats.mad_sigma(np.concatenate([np.diff(val[m]) for m in (pre_at, post_at)
+                                                     if m.sum() > 1] or [np.zeros(0)]))
+            kept = kept if kept > 3 * noise else 0.0
             # until the recorder frees it (the trace written, tens of steps later): the
             # first later step whose value falls by half of it at once
             after = np.flatnonzero(ok & (step > b + SETTLE))
@@ -233,6 +249,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if not len(cols["rank"]):
         return []
     slices = _data.rank_slices(cols["rank"])
+
+    def slices_of(r: int) -> Any:
+        return next(sel for rr, sel in slices if int(rr) == int(r))
+
     out = []
     device_total = ((ctx.run.meta.get("device") or {}).get("total_memory_bytes"))
     windows = profiler_windows(ctx)
@@ -250,7 +270,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             steps = np.asarray(cols["step"][sel], np.int64)
             if windows.get(int(r)):
                 steps, vals = discount(steps, vals, windows[int(r)])
-            res = _analyse(steps, vals, th, min_growth, min_frac, precise=heap)
+            d = _data.steps(ctx).get(int(r))
+            res = _analyse(steps, vals, th, min_growth, min_frac, precise=heap,
+                           work=work_series(d) if d is not None else None)
             if res is None:
                 continue
             leaking.append(int(r))
@@ -286,6 +308,13 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         host_found = host_found or counter in HOST
         what = {"rss_bytes": "host RSS", "heap_bytes": "host heap in use (malloc)",
                 "cuda_allocated_bytes": "CUDA allocated memory"}[counter]
+        ev["with_work_share"] = round(res["with_work"], 3)
+        if res["with_work"] >= WORK_GROWTH:  # (_workset.py: the working set, not a leak)
+            out.append(_working_set(counter, what, r, res, ev))
+            continue
+        if counter == "rss_bytes" and _heap_recorded(cols["heap_bytes"][slices_of(r)]):
+            out.append(_outside_heap(r, res, ev))
+            continue
         out.append(Finding(
             id=ID, severity=severity, subject=counter, first_step=res["first_step"],
             title=f"{what} grows {fmt_bytes(res['slope'])} per step",
@@ -297,3 +326,49 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                      + oom),
             advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
     return out
+
+
+def _working_set(counter: str, what: str, r: int, res: dict[str, Any], ev: dict[str, Any]
+                 ) -> Finding:
+    """The info finding for memory that rose where the work per step reached new highs."""
+    return Finding(
+        id=ID, severity="info", subject=counter, first_step=res["first_step"],
+        title=f"{what} grew with the work per step (its working set), not a leak",
+        message=(f"{what} on rank {r} rose from {fmt_bytes(res['start'])} to "
+                 f"{fmt_bytes(res['end'])}, {100 * res['with_work']:.0f}% of it where the "
+                 "work per step reached a new high (longer sequences, larger images or "
+                 "batches): the allocator keeps the largest step's memory. A leak grows "
+                 "whatever the work."),
+        advice="Nothing to fix if the work grows by design; if memory is tight, cap the "
+               "largest batch (bucketing, a token budget).",
+        evidence=ev, chart=anchors.MEMORY)
+
+
+def _heap_recorded(heap: Any) -> bool:
+    """Whether the rank's heap in use was recorded (glibc) for most of its samples."""
+    v = np.asarray(np.ma.filled(heap, np.nan), np.float64)
+    return bool(len(v)) and float(np.isfinite(v).mean()) > 0.8
+
+
+def _outside_heap(r: int, res: dict[str, Any], ev: dict[str, Any]) -> Finding:
+    """RSS growing while malloc's heap in use, recorded beside it, shows no leak: what a
+    step keeps alive is allocated through malloc (tensors' storage, numpy arrays, Python
+    containers' buffers and objects over 512 bytes), so a leak of them shows in the heap
+    first; RSS alone grows with pages the allocator keeps after churn (fragmentation that
+    levels off later) or memory outside malloc. Info: a symptom to watch, not a leak
+    found."""
+    ev["outside_heap"] = True
+    return Finding(
+        id=ID, severity="info", subject="rss_bytes", first_step=res["first_step"],
+        title=f"host RSS grows {fmt_bytes(res['slope'])} per step while the heap in use "
+              "does not",
+        message=(f"Since step {res['first_step']}, host RSS on rank {r} grows by about "
+                 f"{fmt_bytes(res['slope'])} a step ({fmt_bytes(res['start'])} to "
+                 f"{fmt_bytes(res['end'])}), while the memory malloc has handed out and not "
+                 "got back (tensors, arrays, Python containers) does not grow: pages the "
+                 "allocator keeps after churn, which level off, or memory outside malloc "
+                 "(many small Python objects, pinned buffers, a library's own mappings)."),
+        advice="Run longer to see whether RSS levels off; MALLOC_ARENA_MAX=2 or "
+               "MALLOC_TRIM_THRESHOLD_ reduce what glibc keeps; tracemalloc finds Python "
+               "objects that accumulate.",
+        evidence=ev, chart=anchors.MEMORY)

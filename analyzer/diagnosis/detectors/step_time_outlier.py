@@ -8,11 +8,12 @@ import numpy as np
 
 from ...stats import hostwait
 from ...stats.periodic import MIN_CYCLES
+from ...stats.robust import stands_apart
 from ...stats.steptime import outliers
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _data
+from . import _data, _slowdown
 from .base import Context
 
 ID = "step_time_outlier"
@@ -55,13 +56,38 @@ DOC = {
             "steps slow (dated then at the first of them; below that they cost nothing that "
             "matters, and a few ms of periodic noise, such as the recorder's writer waking "
             "every 64 queued items on a 2-core machine, is no schedule of the training's to "
-            "report). The finding is dated at the first of the training's own slow steps.",
+            "report). Not stalls, at info: slow steps in a continuum with the ordinary ones (their "
+            "relative excesses break nowhere by APART between them and the largest ordinary "
+            "step: work that varies, such as long sequences) and a schedule through which "
+            "the process's CPU time grew by at least WORK_SHARE of the excess (an "
+            "evaluation every N steps). The finding is dated at the first of the training's "
+            "own slow steps; a schedule at its first cycle, also one that fell on a step the "
+            "recorder's own work kept from being judged (at least half as slow as its "
+            "mildest stall). A second finding: where each step's token count is recorded, "
+            "seconds per token that shift up by SLOWER (2x) or more and stay so to the end "
+            "(a median split, each side >= 5% of the steps) — the run slowed down (warning; "
+            "info when the training thread waited for a CPU through the extra time); "
+            "without token counts a curriculum and a slowdown look alike, and nothing is "
+            "said.",
     "fixes": "Look at what runs on those steps: checkpointing, evaluation, logging with "
              ".item(), Python GC (gc.freeze), dataloader worker restarts, thermal/other jobs.",
 }
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+    slow: list[Finding] = []
+    for r, d in _data.steps(ctx).items():
+        rule = outliers(d["step"], d["duration_s"], ctx.run.meta.get("knobs") or {}, th)
+        sd = None if rule is None else _slowdown.slowdown(
+            d["step"], d["duration_s"], d["tokens_per_s"], d["cpu_queue_s"], d["cpu_s"],
+            rule["sel"])
+        if sd is not None and (not slow or sd["factor"] > slow[0].evidence["slowdown_factor"]):
+            slow = [_slowdown.finding(ID, r, sd)]
+    return _outliers(ctx, th) + slow
+
+
+def _outliers(ctx: Context, th: Thresholds) -> list[Finding]:
+    """The slow steps' finding (one, the rank whose slow steps cost the largest share)."""
     best = None
     knobs = ctx.run.meta.get("knobs") or {}
     for r, d in _data.steps(ctx).items():
@@ -81,6 +107,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
                     "steps": step[out], "durs": dur[out], "ends": ends, "all_steps": step,
                     "threshold": rule["threshold"], "total": float(dur.sum()),
+                    "tail": _tail(dur, out, med),
+                    "unjudged": _unjudged(d["step"], d["duration_s"], sel, th),
                     "waits": _extra_wait(d["data_wait_s"][sel], out),
                     "host": hostwait.split(
                         dur, hostwait.rebook(d["duration_s"], d["cpu_queue_s"])[sel],
@@ -108,27 +136,41 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         own = ~host["machine"] | (on if sched is not None else np.zeros(n, dtype=bool))
     elif sched is None:
         busy = _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores))
-    own_excess = float((best["durs"][own] - best["med"]).sum())
+    # What the training's own slow steps were (#45, item 2): stray ones in a continuum with
+    # its ordinary steps are its work varying (long sequences, big graphs), a schedule of
+    # its own CPU work is work it was asked to do (an evaluation); neither is a stall
+    tail = best["tail"] & ~(on if sched is not None else np.zeros(n, dtype=bool))
+    work = (sched is not None and host is not None and (hostwait.cpu_share_of(
+        host["cpu_busy"], host["excess"], on & own) or 0.0) >= WORK_SHARE)
+    counted = own & ~tail & ~(on if work else np.zeros(n, dtype=bool))
+    own_excess = float((best["durs"][counted] - best["med"]).sum())
     own_share = own_excess / best["total"]
     # (a schedule of at least 4 costly stalls is no noise: its share of the run decides,
     # however short the run; stray slow steps must also cost min_excess_s)
-    sev = ("warning" if own.any() and own_share >= th.warn_time_share
-           and (own_excess >= th.min_excess_s or sched is not None)
+    sev = ("warning" if counted.any() and own_share >= th.warn_time_share
+           and (own_excess >= th.min_excess_s or (sched is not None and not work))
            and busy is None else "info")
     i = int(np.argmax(best["durs"]))
     # the finding is dated at the first stall of the costly family among the training's
     # own (within FAMILY of the costliest): a 6 ms blip as it starts a process is its own
     # too, but not the 0.5 s stalls the finding is about
     ex = best["durs"] - best["med"]
-    fam = own & (ex >= (float(ex[own].max()) / FAMILY if own.any() else 0.0))
+    fam = counted & (ex >= (float(ex[counted].max()) / FAMILY if counted.any() else 0.0))
     lead = (on & own if sched is not None and (on & own).any() else
-            fam if fam.any() else on)
+            fam if fam.any() else own & tail if (own & tail).any() else on)
     first = int(best["steps"][lead][0])
+    if sched is not None:  # (a cycle inside the recorder's own busy steps, before it)
+        first = _earlier_cycle(best, sched, on & own, first)
     k, m = int(fam.sum()), n - int(own.sum())
-    title = (f"{int(on.sum())} stalls every {sched[0]} steps" if sched is not None else
+    title = (f"{int(on.sum())} slow steps every {sched[0]} steps: the training's scheduled "
+             "work" if work else
+             f"{int(on.sum())} stalls every {sched[0]} steps" if sched is not None else
              f"{k} slow step{'s' if k > 1 else ''}" if k else
+             f"{int((own & tail).sum())} slow step{'s' if (own & tail).sum() > 1 else ''}: "
+             "the step time's own heavy tail"
+             if (own & tail).any() else
              f"{n} slow step{'s' if n > 1 else ''} while the machine was busy")
-    j = int(np.argmax(np.where(own, best["durs"], -1.0))) if k else i
+    j = int(np.argmax(np.where(fam if k else lead, best["durs"], -1.0)))
     return [Finding(
         id=ID, severity=sev, subject=f"rank {best['rank']}", first_step=first,
         title=f"{title} (up to {best['durs'][j] / best['med']:.1f}× the median)",
@@ -136,14 +178,19 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                  f"{1e3 * best['med']:.1f} ms (the slowest, step {int(best['steps'][i])}, "
                  f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
                  f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)." + cause
-                 + _whose(host, own, own_excess)
+                 + _whose(host, own, float(ex[own].sum()))
+                 + _design(int((own & tail).sum()), int((on & own).sum()) if work else 0)
                  + (f" The machine was busy with other work meanwhile (CPU {busy[0]:.0f}% "
                     f"during the slow steps, {busy[1]:.0f}% typically): likely not the "
                     "training's own stall." if busy is not None else "")),
-        advice=DOC["fixes"], chart=anchors.STEP_TIME,
+        advice=(DOC["fixes"] if counted.any() or not (tail.any() or work) else
+                "Nothing to fix if the work varies like this: bucketing batches by length "
+                "evens the steps out; an evaluation every N steps costs what it costs."),
+        chart=anchors.STEP_TIME,
         evidence={"count": n, "outlier_steps": [int(s) for s in best["steps"][:20]],
-                  "own_steps": [int(s) for s in best["steps"][own][:20]],
+                  "own_steps": [int(s) for s in best["steps"][counted][:20]],
                   "own_excess_s": own_excess, "machine_count": m,
+                  "tail_count": int((own & tail).sum()), "scheduled_work": bool(work),
                   "cpu_wait_share": host["wait_share"] if host else None,
                   "median_s": best["med"], "robust_sigma_s": best["sigma"],
                   "threshold_s": best["threshold"],
@@ -152,6 +199,52 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                   "extra_data_wait_s": best["waits"],
                   "period_steps": sched[0] if sched is not None else None,
                   "machine_cpu_pct_during": busy[0] if busy else None})]
+
+
+def _design(tail: int, work: int) -> str:
+    """The sentence on the slow steps that are the training's work, not stalls."""
+    text = ""
+    if tail:
+        text += (f" {tail} of them sit in a continuum with the ordinary steps (no break of "
+                 f"{APART:.0f}x between them and the rest): steps that did more work (long "
+                 "sequences, large graphs or batches), not stalls.")
+    if work:
+        text += (f" The process worked on the CPU through the {work} scheduled ones: work "
+                 "the loop does on purpose (an evaluation, serialising a checkpoint), at "
+                 "info; make it rarer or cheaper if its share is too high.")
+    return text
+
+
+def _unjudged(step: np.ndarray, dur: np.ndarray, sel: np.ndarray, th: Thresholds
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, durations) after warm-up that the rule did not judge: the recorder's own
+    busy steps (full statistics, a profiler window)."""
+    keep = ~sel & np.isfinite(dur) & (step >= (step[0] if len(step) else 0) + th.warmup_steps)
+    return step[keep], dur[keep]
+
+
+def _earlier_cycle(best: dict[str, Any], sched: tuple[int, int], on: np.ndarray,
+                   first: int) -> int:
+    """The schedule's first cycle when it fell on a step the rule did not judge (the
+    recorder's profiler window took step 49 of a checkpoint every 50): an unjudged step on
+    the schedule's phase, before its first judged stall, at least half as slow as the
+    mildest of its stalls (a periodic job costs about the same each time; the recorder's
+    own extra work, a few times the median, is far below)."""
+    if not on.any():
+        return first
+    steps, durs = best["unjudged"]
+    bar = 0.5 * float(np.min(best["durs"][on] - best["med"]))
+    hit = (steps < first) & (steps % sched[0] == sched[1]) & (durs - best["med"] >= bar)
+    return int(steps[hit][0]) if hit.any() else first
+
+
+def _tail(dur: np.ndarray, out: np.ndarray, med: float) -> np.ndarray:
+    """Over the slow steps: those in a continuum with the ordinary ones (their excess over
+    the median, relative to it, breaks nowhere by APART between them and the largest
+    ordinary step): the step time's own heavy tail, not stalls."""
+    rel = (dur - med) / max(med, 1e-12)
+    floor = float(np.max(rel[~out])) if (~out).any() else 0.0
+    return ~stands_apart(rel[out], rel, floor, APART)
 
 
 def _whose(host: dict[str, Any] | None, own: np.ndarray, own_excess: float) -> str:
@@ -205,6 +298,17 @@ def _cause(best: dict[str, Any]) -> tuple[str, tuple[int, int] | None]:
     return text, sched
 
 
+APART = 5.0
+"""A slow step stands apart from the step time's own tail when the sorted relative excesses
+break by this factor between it and the largest ordinary step (loss_spike's APART: one rule
+for a series' heavy tail). Steps whose work varies (Pareto sequence lengths, power-law graph
+sizes, padded long-tail batches) run on in steps of under 2x among their slowest (the
+held-out GRU LM, transformer and GCN runs); a stall (a blocked write, a 1 s I/O hiccup among
+20 ms steps) sits tens of times beyond them."""
+WORK_SHARE = 0.5
+"""A schedule of slow steps is the training's own scheduled work when the process's CPU time
+grew by at least this share of their excess (hostwait's own_kind line: an evaluation
+computes; a blocking checkpoint write or a sleep sits idle, ~0)."""
 FAMILY = 10.0
 """Slow steps whose excess time is within this factor of the costliest are one family (what
 a schedule would be made of): loss_spike's DOMINANT, for time."""

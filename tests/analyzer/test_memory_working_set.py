@@ -1,0 +1,115 @@
+"""Memory that grew with the work is no leak (issue 45, item 2): a curriculum that doubles
+the sequence length, or a batch longer than any before, raises what a step needs and the
+allocator keeps that high-water mark — a staircase whose risers come where the work per step
+reached a new high. memory_leak reports it at info. A leak grows whatever the work: at a
+steady work per step, and inside a curriculum run too, it is still a warning or an error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tracealyze.analyzer.diagnosis.detectors.memory_leak import discount
+from tracealyze.analyzer.diagnosis.summary import build_summary
+
+from tests.runfactory import make_run
+
+N = 400
+STAGES = (100, 200, 300)
+
+
+def _leaks(tmp_path, dur, heap, tokens=None):
+    run = make_run(tmp_path, steps=N, duration=dur, data_wait=np.zeros(N), heap=heap,
+                   tokens_per_s=None if tokens is None else tokens / dur)
+    return [f for f in build_summary(run)["findings"] if f["id"] == "memory_leak"]
+
+
+def _curriculum(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, step time, heap): the length doubles at each stage; each stage's first
+    steps allocate its larger buffers (1.2-1.5 MiB), which the allocator keeps."""
+    s = np.arange(N)
+    tokens = 256.0 * 2.0 ** np.searchsorted(STAGES, s, side="right")
+    dur = (0.004 + 2e-5 * tokens) * np.exp(rng.normal(0, 0.08, N))
+    heap = 1.3e8 + rng.normal(0, 2e3, N)
+    for at in STAGES:
+        heap[at + int(rng.integers(0, 4)):] += rng.uniform(1.2e6, 1.5e6)
+    return tokens, dur, heap
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("with_tokens", [True, False])
+def test_a_curriculums_staircase_is_the_working_set(tmp_path, seed, with_tokens):
+    rng = np.random.default_rng(seed)
+    tokens, dur, heap = _curriculum(rng)
+    hits = _leaks(tmp_path, dur, heap, tokens if with_tokens else None)
+    assert all(f["severity"] == "info" for f in hits), hits
+    if hits:
+        assert "working set" in hits[0]["title"], hits[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("onset", [0, 150])
+def test_a_leak_at_a_steady_work_is_still_a_leak(tmp_path, seed, onset):
+    rng = np.random.default_rng(20 + seed)
+    dur = 0.01 * np.exp(rng.normal(0, 0.08, N))
+    heap = 1.3e8 + rng.normal(0, 2e3, N) + np.maximum(np.arange(N) - onset, 0) * 24e3
+    hits = _leaks(tmp_path, dur, heap, np.full(N, 512.0))
+    assert len(hits) == 1 and hits[0]["severity"] in ("warning", "error"), hits
+    assert hits[0]["evidence"]["with_work_share"] < 0.5
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_leak_inside_a_curriculum_is_still_a_leak(tmp_path, seed):
+    rng = np.random.default_rng(40 + seed)
+    tokens, dur, heap = _curriculum(rng)
+    heap += np.arange(N) * 24e3  # a kept tensor every step besides the stages' buffers
+    hits = _leaks(tmp_path, dur, heap, tokens)
+    assert len(hits) == 1 and hits[0]["severity"] in ("warning", "error"), hits
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_longest_batch_so_far_raising_the_heap_is_the_working_set(tmp_path, seed):
+    """Long-tail padded lengths: the heap rises only when a batch longer than every earlier
+    one arrives (its buffers kept), by its size."""
+    rng = np.random.default_rng(60 + seed)
+    tokens = np.minimum(32 * (1 + rng.pareto(1.1, N)), 4096)
+    dur = (0.003 + 1e-5 * tokens) * np.exp(rng.normal(0, 0.08, N))
+    high = np.maximum.accumulate(tokens)
+    heap = 1.3e8 + 2e3 * high + rng.normal(0, 2e3, N)
+    hits = _leaks(tmp_path, dur, heap, tokens)
+    assert all(f["severity"] == "info" for f in hits), hits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_fill_through_the_profiler_window_keeps_its_steps(seed):
+    """The held-out LRU run: the heap fills at ~0.5 MiB a step (each step's share varying by
+    10%) through the recorder's profiler window at 49-51, which kept 35 KiB, within the
+    fill's step-to-step spread; once full, an eviction frees 20 KiB. The profiler kept no
+    level that stands out of the fill's own changes, so no later fall is "the recorder
+    freeing it": the fill's steps are all read (the old discount dropped steps 49-241, the
+    whole fill, and the run was read as a leak from step 390)."""
+    rng = np.random.default_rng(80 + seed)
+    s = np.arange(N)
+    heap = 1.4e8 + np.cumsum(np.where(s < 210, 0.5e6, 0.0) * rng.uniform(0.9, 1.1, N))
+    heap[50:] += 35e3
+    heap[242:] -= 2e4
+    kept_steps, _ = discount(s, heap, [(49, 51)])
+    assert np.setdiff1d(s, kept_steps).tolist() == list(range(49, 62))  # (the window, settling)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rss_growing_while_the_heap_in_use_is_flat_is_info(tmp_path, seed):
+    """RSS creeps 0.4 MiB a step while malloc's heap in use, recorded beside it, is flat:
+    pages the allocator keeps, or memory outside malloc, reported at info as such. With no
+    heap figures (not glibc), the same RSS is still a leak."""
+    rng = np.random.default_rng(90 + seed)
+    rss = 4e8 + np.arange(N) * 0.4e6 + rng.normal(0, 2e5, N)
+    heap = 1.4e8 + rng.normal(0, 2e4, N)
+    kw = dict(steps=N, duration=0.02 * np.exp(rng.normal(0, 0.05, N)), data_wait=np.zeros(N),
+              rss=rss)
+    run = make_run(tmp_path, name="with_heap", heap=heap, **kw)
+    hits = [f for f in build_summary(run)["findings"] if f["id"] == "memory_leak"]
+    assert len(hits) == 1 and hits[0]["severity"] == "info", hits
+    assert hits[0]["subject"] == "rss_bytes" and hits[0]["evidence"]["outside_heap"]
+    run = make_run(tmp_path, name="no_heap", **kw)
+    hits = [f for f in build_summary(run)["findings"] if f["id"] == "memory_leak"]
+    assert len(hits) == 1 and hits[0]["severity"] in ("warning", "error"), hits
