@@ -5,6 +5,12 @@ MFU = FLOPs / step time / the device's peak.
 
 Costs: a shape read per batch (no device sync, nothing copied); one or two early steps
 counted under FlopCounterMode (a dispatch mode: those run slower; no other step is touched).
+The mode is entered at the model's first forward of the counted step that records a graph
+and left at the step's end, never around the user's other code: under ``no_grad`` torch's
+FlopCounterMode fails on an expanded parameter fed to a module (``Expected gradient function
+to be set``), which would stop an evaluation the loop runs between two steps. A forward of
+the model without grad while counting (an evaluation) ends the count unfinished. Without a
+model there is nothing to hook, and nothing is counted.
 FlopCounterMode counts the matrix products and convolutions (the model FLOPs of the MFU
 definition), forward and backward, and nothing of element-wise ops. Not counted under
 ``torch.compile`` (a dispatch mode around a compiled graph recompiles it): FLOPs and MFU
@@ -89,10 +95,11 @@ class FlopMeter:
     def ended(self, samples: int | None, tokens: int | None) -> float | None:
         shape = (samples, tokens)
         flops = self._stop(shape) if self._mode is not None else None
+        self._unhook()  # (armed, but the step ran no training forward of the model)
         if flops is None:
             flops = self._estimate(shape)
         if not self.off and self._ended + 1 in COUNT_STEPS and shape not in self.counts:
-            self._start()  # (counts the next step: the shapes seen so far recur)
+            self._arm()  # (counts the next step: the shapes seen so far recur)
         self._ended += 1
         return flops
 
@@ -111,19 +118,44 @@ class FlopMeter:
                 self._mode.__exit__(None, None, None)
             finally:
                 self._mode = None
-                self._unhook()
+        self._unhook()
 
-    def _start(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        self._precision = None
-        if self.model is not None:
-            self._hook = self.model.register_forward_pre_hook(self._note_precision)
+    def _arm(self) -> None:
+        """Count the next step from the model's first forward that records a graph (the
+        training forward), on this thread."""
         import threading
 
+        if self.model is None:
+            self.off = True  # (no model to hook: a mode around the user's code is unsafe)
+            return
+        self._precision = None
         self._thread = threading.get_ident()
-        self._mode = FlopCounterMode(display=False)
-        self._mode.__enter__()
+        self._hook = self.model.register_forward_pre_hook(self._at_forward)
+
+    def _at_forward(self, module: Any, args: Any) -> None:
+        import threading
+
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from ..tensors.hooks import is_compiling
+
+        # (inside a compiled region no dispatch mode can be entered, and telemetry must not
+        # break the user's graph: a compiled model is not counted)
+        if is_compiling() or threading.get_ident() != self._thread:
+            return
+        if not torch.is_grad_enabled():
+            # an evaluation forward: never under the mode (FlopCounterMode + no_grad fails on
+            # expanded parameters); a count already running ends unfinished
+            if self._mode is not None:
+                mode, self._mode = self._mode, None
+                mode.__exit__(None, None, None)
+                self._unhook()
+            return
+        if self._mode is None:
+            self._note_precision(module, args)
+            self._mode = FlopCounterMode(display=False)
+            self._mode.__enter__()
 
     def _stop(self, shape: tuple[Any, Any]) -> float | None:
         mode, self._mode = self._mode, None

@@ -168,3 +168,55 @@ def test_compare_names_a_throughput_drop(tmp_path: Path) -> None:
     assert m["tokens_per_s"]["better"] == "higher"
     assert m["tokens_per_s"]["new"] < 0.25 * m["tokens_per_s"]["base"]
     assert "tokens_per_s" in r["regressions"]
+
+
+class _AttentionPool(torch.nn.Module):
+    """A learned query expanded over the batch into nn.MultiheadAttention (Set Transformer's
+    pooling by multi-head attention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Linear(3, 16)
+        self.query = torch.nn.Parameter(torch.randn(1, 1, 16))
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        q = self.query.expand(x.shape[0], -1, -1)
+        return self.head(self.attn(q, h, h, need_weights=False)[0][:, 0])
+
+
+@pytest.mark.parametrize("where", ["after_step", "before_step_end"])
+def test_an_evaluation_between_steps_runs_and_the_training_step_is_counted(tmp_path: Path,
+                                                                            where: str) -> None:
+    """Under no_grad, torch's FlopCounterMode fails on an expanded parameter fed to a module
+    ("Expected gradient function to be set"): an evaluation the loop runs after rec.step()
+    must not run under the count (it stopped a held-out script's training at step 0). The
+    training forward and backward of the counted step are still counted; an evaluation
+    inside the counted step (after the update, before rec.step()) ends its count unfinished
+    instead."""
+    model = _AttentionPool()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(8, 5, 3, generator=g) for _ in range(6)]
+    with Recorder(tmp_path / "run", model=model, optimizer=opt, **FAST) as rec:
+        for x in xs:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if where == "after_step":
+                rec.step(loss=loss)
+            with torch.no_grad():  # the evaluation
+                model(x[:2])
+            if where == "before_step_end":
+                rec.step(loss=loss)
+    rows = _steps(tmp_path / "run")
+    assert len(rows) == 6
+    counted = [r["flops"] for r in rows if r["flops"] is not None]
+    if where == "after_step":
+        assert counted and all(f > 0 for f in counted)
+    else:
+        assert not counted
