@@ -48,7 +48,7 @@ def test_discount_removes_the_profilers_step_and_keeps_a_leak():
     flat = np.full(300, 100e6) + np.where(step >= 50, 20e6, 0.0)  # the window kept 20 MB
     s, v = discount(step, flat, [(49, 51)])
     assert not ((s >= 49) & (s <= 61)).any()
-    assert np.ptp(v) == 0.0
+    assert np.ptp(v) < 1.0  # (flat to the byte: the trend is a least-squares fit)
     leak = flat + np.where(step >= 100, (step - 100) * 50e3, 0.0)  # and a leak from 100
     s, v = discount(step, leak, [(49, 51)])
     assert v[-1] - v[0] == pytest.approx(199 * 50e3)

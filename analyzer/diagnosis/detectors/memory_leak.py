@@ -223,7 +223,7 @@ def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
             # for one made any later fall of that size "the recorder freeing it"
             noise = _stats.mad_sigma(np.concatenate([np.diff(val[m]) for m in (pre_at, post_at)
                                                      if m.sum() > 1] or [np.zeros(0)]))
-            kept = kept if kept > 3 * noise else 0.0
+            kept = kept if kept > max(3 * noise, 1.0) else 0.0  # (under a byte: rounding)
             # until the recorder frees it (the trace written, tens of steps later): the
             # first later step whose value falls by half of it at once
             after = np.flatnonzero(ok & (step > b + SETTLE))
