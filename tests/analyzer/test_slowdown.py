@@ -29,7 +29,7 @@ def _steps(rng: np.random.Generator, tokens: np.ndarray) -> np.ndarray:
     return (0.002 + 4e-5 * tokens) * np.exp(rng.normal(0, 0.12, N))
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("onset", [40, 200, 340])
 @pytest.mark.parametrize("factor", [2.3, 4.0])
 def test_extra_work_every_step_from_a_step_is_a_slowdown(tmp_path, seed, onset, factor):

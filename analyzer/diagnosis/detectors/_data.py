@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...stats.shift import objective_shift
+from ...stats.shift import loss_level_shift, objective_shift
 from ._structure import chance_level, structure
 from .base import Context
 
@@ -54,7 +54,8 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         for r, d in out.items():
             # a rescaled objective (loss and every gradient ×k at one step: stats/shift.py)
             # is judged on its new scale: the steps after it are divided by k
-            sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
+            sh = (objective_shift(d["step"], d["loss"], d["grad_norm"])
+                  or loss_level_shift(d["step"], d["loss"], d["grad_norm"]))
             if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],
@@ -96,17 +97,20 @@ def _to_chance(ctx: Context, d: dict[str, np.ndarray], sh: Any) -> bool:
 
 
 def _lr_moved(d: dict[str, np.ndarray], i: int) -> bool:
-    """Did the learning rate move around position i (by RESCALE_LR_RISE either way within 3
-    steps: a jump), or was it still rising into it (above its level RESCALE_LR_LOOKBACK
-    steps before) after rising by RESCALE_LR_RISE from its lowest level (a ramp)? Then the
-    LR, not the objective, moved the loss and the gradients."""
+    """Did the learning rate rise around position i (by RESCALE_LR_RISE within 3 steps: a
+    jump), or was it still rising into it (above its level RESCALE_LR_LOOKBACK steps before)
+    after rising by RESCALE_LR_RISE from its lowest level (a ramp)? Then the LR, not the
+    objective, moved the loss and the gradients. An LR that fell there cannot have raised
+    the loss: it is the loop compensating its rescale (``reduction="sum"`` with the LR
+    divided by the batch size, a loss x8 with the LR / 8), which leaves the updates as they
+    were."""
     lr = d["lr"]
 
     def ok(a: np.ndarray) -> np.ndarray:
         return a[np.isfinite(a) & (a > 0)]
 
     near, before = ok(lr[max(0, i - 3):i + 4]), ok(lr[:i + 4])
-    if len(near) >= 2 and float(near.max() / near.min()) >= RESCALE_LR_RISE:
+    if len(near) >= 2 and float(np.max(near / np.minimum.accumulate(near))) >= RESCALE_LR_RISE:
         return True
     back = ok(lr[max(0, i - RESCALE_LR_LOOKBACK):max(1, i - RESCALE_LR_LOOKBACK + 1)])
     rising = len(back) and len(near) and float(near[-1]) > 1.01 * float(back[0])

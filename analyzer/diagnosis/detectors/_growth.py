@@ -148,7 +148,8 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
                # still growing into the series' end (the first NaN, if any): its highest
                # point among the last few before it, and up since the crossing
                "into_end": bool(np.all(xs[i:] >= lo[i] + need / 2)
-                                and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)),
+                                and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)
+                                and not _paused(xs[i:], need, w)),
                "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
                else None, "from": float(math.exp(start_x)),
                "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
@@ -158,3 +159,20 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
                "held": float(math.exp(np.max(xs[:stop]))),
                "end_level": float(math.exp(np.median(end))) if len(end) else None}
         last = i
+
+
+def _paused(rest: np.ndarray, need: float, w: int) -> bool:
+    """Did a growth stop after its crossing before the series' end rose further: ``w``
+    points in a row held their level (the medians of their two halves within a quarter of
+    the rise test's factor: a growth of 5% a step moves them by half of it) a factor below
+    where the series ended? Then what reached the end (a NaN, the run's highest point) is a later
+    rise from that level, its own episode: a model whose gradients grew as it began to
+    learn, held there for 70 steps, then blew up, did not blow up from its first rise."""
+    if len(rest) < w + 1:
+        return False
+    top = float(np.max(rest))
+    win = np.lib.stride_tricks.sliding_window_view(rest, w)
+    h = w // 2
+    held = np.abs(np.median(win[:, h:], axis=1) - np.median(win[:, :h], axis=1)) < need / 4
+    flat = held & (win.max(axis=1) < top - need)
+    return bool(flat.any())

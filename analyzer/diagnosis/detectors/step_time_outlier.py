@@ -75,23 +75,24 @@ DOC = {
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+    knobs = ctx.run.meta.get("knobs") or {}
+    rules = {r: outliers(d["step"], d["duration_s"], knobs, th)
+             for r, d in _data.steps(ctx).items()}
     slow: list[Finding] = []
     for r, d in _data.steps(ctx).items():
-        rule = outliers(d["step"], d["duration_s"], ctx.run.meta.get("knobs") or {}, th)
-        sd = None if rule is None else _slowdown.slowdown(
+        sd = None if rules[r] is None else _slowdown.slowdown(
             d["step"], d["duration_s"], d["tokens_per_s"], d["cpu_queue_s"], d["cpu_s"],
-            rule["sel"])
+            rules[r]["sel"])
         if sd is not None and (not slow or sd["factor"] > slow[0].evidence["slowdown_factor"]):
             slow = [_slowdown.finding(ID, r, sd)]
-    return _outliers(ctx, th) + slow
+    return _outliers(ctx, th, rules) + slow
 
 
-def _outliers(ctx: Context, th: Thresholds) -> list[Finding]:
+def _outliers(ctx: Context, th: Thresholds, rules: dict[int, Any]) -> list[Finding]:
     """The slow steps' finding (one, the rank whose slow steps cost the largest share)."""
     best = None
-    knobs = ctx.run.meta.get("knobs") or {}
     for r, d in _data.steps(ctx).items():
-        rule = outliers(d["step"], d["duration_s"], knobs, th)
+        rule = rules[r]
         if rule is None:
             continue
         sel = rule["sel"]
@@ -183,7 +184,7 @@ def _outliers(ctx: Context, th: Thresholds) -> list[Finding]:
                  + (f" The machine was busy with other work meanwhile (CPU {busy[0]:.0f}% "
                     f"during the slow steps, {busy[1]:.0f}% typically): likely not the "
                     "training's own stall." if busy is not None else "")),
-        advice=(DOC["fixes"] if counted.any() or not (tail.any() or work) else
+        advice=(DOC["fixes"] if counted.any() or not ((own & tail).any() or work) else
                 "Nothing to fix if the work varies like this: bucketing batches by length "
                 "evens the steps out; an evaluation every N steps costs what it costs."),
         chart=anchors.STEP_TIME,
