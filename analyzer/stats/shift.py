@@ -50,13 +50,8 @@ class Shift:
     factor: float
     """The loss's factor (after / before)."""
     grad_factor: float
-    loss_only: bool = False
-    """The loss alone moved (:func:`loss_level_shift`); the gradients did not."""
 
     def text(self) -> str:
-        if self.loss_only:
-            return (f"the loss's level changed ×{self.factor:.3g} at step {self.step} and "
-                    "stayed there, while the gradient norm did not move")
         return (f"the loss and the gradient norm changed ×{self.factor:.3g} and "
                 f"×{self.grad_factor:.3g} at step {self.step}, and stayed there")
 
@@ -158,43 +153,3 @@ def _exact(lg: np.ndarray, gg: np.ndarray, i: int, w: int, se_l: float, se_g: fl
                            + np.abs(seg[j - (i - w):] - b).sum() for j in js]) / max(se, 1e-12)
     return js[0] + int(np.argmin(costs)) if len(js) else i
 
-
-def loss_level_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
-                     ) -> Shift | None:
-    """The one step at which the loss alone rises by ≥ MIN_FACTOR to a level it then holds
-    (conclusive by itself: NOISE_Z standard errors; abrupt; the level before it held), its
-    gradient norm not rising with it (under GRAD_Z standard errors and under √MIN_FACTOR):
-    what the loss measures changed (a term added to it, a harder data source), not the model.
-    One update cannot make a model k times worse without its gradients changing: a model
-    knocked by an update or a batch, or pushed by a learning rate, shows in its gradients
-    too. None when there is no such step. ``grad_factor`` is 1: the gradients stay as they
-    were."""
-    ok = np.isfinite(loss) & (loss > 0) & np.isfinite(grad_norm) & (grad_norm > 0)
-    idx = np.flatnonzero(ok)
-    if len(idx) < MIN_POINTS:
-        return None
-    lg, gg = np.log(loss[idx]), np.log(grad_norm[idx])
-    n = len(idx)
-    w = max(10, n // 20)
-    se_l, se_g = (1.25 * _sigma(x) * np.sqrt(2 / w) for x in (lg, gg))
-    best: tuple[float, int] | None = None
-    for i in range(2 * w, n - 2 * w + 1):
-        dl = _med(lg[i:i + w]) - _med(lg[i - w:i])
-        if dl < np.log(MIN_FACTOR) or dl < NOISE_Z * se_l:
-            continue
-        dg = _med(gg[i:i + w]) - _med(gg[i - w:i])
-        if dg >= GRAD_Z * se_g or dg >= np.log(MIN_FACTOR) / 2:
-            continue  # (the gradients rose with it: objective_shift's, or a knock's)
-        if abs((lg[i] - _med(lg[i - w:i])) - dl) > dl / 2:
-            continue  # (not abrupt: a ramp through it)
-        if abs(_med(lg[i + w:i + 2 * w]) - _med(lg[i - w:i]) - dl) > dl / 2:
-            continue  # (not held: back down, or still rising)
-        if abs(_med(lg[i - w:i]) - _med(lg[i - 2 * w:i - w])) > dl / 2:
-            continue  # (no level before it)
-        if best is None or dl > best[0]:
-            best = (dl, i)
-    if best is None:
-        return None
-    dl, i = best
-    i = _exact(lg, gg, i, w, se_l, float("inf"))  # (the loss alone dates it)
-    return Shift(int(idx[i]), int(step[idx[i]]), float(np.exp(dl)), 1.0, loss_only=True)

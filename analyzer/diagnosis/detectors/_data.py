@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...stats.shift import loss_level_shift, objective_shift
+from ...stats.shift import objective_shift
 from ._structure import chance_level, structure
 from .base import Context
 
@@ -54,8 +54,7 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         for r, d in out.items():
             # a rescaled objective (loss and every gradient ×k at one step: stats/shift.py)
             # is judged on its new scale: the steps after it are divided by k
-            sh = (objective_shift(d["step"], d["loss"], d["grad_norm"])
-                  or loss_level_shift(d["step"], d["loss"], d["grad_norm"]))
+            sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
             if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],

@@ -62,13 +62,11 @@ DOC = {
             "and stay, ≥ ×1.5, together 5 standard errors of their window medians, the "
             "loss at least 2 and the gradient norm 3; a loss under 5 alone also keeps its "
             "ratio to the gradient norm within 2) is reported at info and the steps after "
-            "it are judged on its new scale, and so is a loss that alone steps up ≥ ×1.5 "
-            "to a level it holds (5 standard errors by itself, abrupt) while the gradient "
-            "norm does not rise (what the loss measures changed: a term added, harder data) "
-            "— an LR that rose into either step explains it instead (one that fell is the "
-            "loop compensating a rescale) — unless a classifier that had learned (loss "
-            "under half of ln C) settled at its chance level after it (0.9–1.25 ln C over "
-            "the two windows after the first one past the jump): a model knocked back to "
+            "it are judged on its new scale (an LR that rose into that step explains it "
+            "instead; one that fell is the loop compensating a rescale) — unless a "
+            "classifier that had learned (loss under half of ln C) settled at its chance "
+            "level after it (0.9–1.25 ln C over the two windows after the first one past "
+            "the jump): a model knocked back to "
             "guessing, judged as it is.",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
              "LR schedule, use bf16/loss scaling, normalise inputs.",
@@ -85,20 +83,6 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
 
 def _rescaled(r: int, sh: Any) -> Finding:
     """The objective changed scale at one step (stats/shift.py): what it is, at info."""
-    if sh.loss_only:
-        return Finding(
-            id=ID, severity="info", subject="loss", first_step=sh.step,
-            title=f"The loss's level changed ×{sh.factor:.3g} at step {sh.step} (the "
-                  "objective or the data, not the training)",
-            message=(f"At step {sh.step} {sh.text()}: what the loss measures changed (a term "
-                     "added to it, a harder data source), not the model; one update cannot "
-                     "make a model that much worse without its gradients changing. The loss "
-                     "after it is judged on its new level."),
-            advice="If the change was not meant, look at what the loss code or the data "
-                   "pipeline does from that step.",
-            chart=anchors.LOSS,
-            evidence={"rank": r, "step": sh.step, "loss_factor": sh.factor,
-                      "grad_factor": sh.grad_factor, "loss_only": True})
     return Finding(
         id=ID, severity="info", subject="loss", first_step=sh.step,
         title=f"The objective was rescaled ×{sh.factor:.3g} at step {sh.step}",
