@@ -95,7 +95,7 @@ class FlopMeter:
     def ended(self, samples: int | None, tokens: int | None) -> float | None:
         shape = (samples, tokens)
         flops = self._stop(shape) if self._mode is not None else None
-        self._unhook()  # (armed, but the step ran no training forward of the model)
+        self._unhook()  # (the count's hook, or one armed for a step with no training forward)
         if flops is None:
             flops = self._estimate(shape)
         if not self.off and self._ended + 1 in COUNT_STEPS and shape not in self.counts:
@@ -160,7 +160,6 @@ class FlopMeter:
     def _stop(self, shape: tuple[Any, Any]) -> float | None:
         mode, self._mode = self._mode, None
         mode.__exit__(None, None, None)
-        self._unhook()
         flops = float(mode.get_total_flops())
         if flops <= 0:  # no matrix product ran in it (an odd loop): not a count
             self.off = True

@@ -249,9 +249,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if not len(cols["rank"]):
         return []
     slices = _data.rank_slices(cols["rank"])
-
-    def slices_of(r: int) -> Any:
-        return next(sel for rr, sel in slices if int(rr) == int(r))
+    by_rank = {int(r): sel for r, sel in slices}
 
     out = []
     device_total = ((ctx.run.meta.get("device") or {}).get("total_memory_bytes"))
@@ -312,7 +310,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if res["with_work"] >= WORK_GROWTH:  # (_workset.py: the working set, not a leak)
             out.append(_working_set(counter, what, r, res, ev))
             continue
-        if counter == "rss_bytes" and _heap_recorded(cols["heap_bytes"][slices_of(r)]):
+        if counter == "rss_bytes" and _heap_recorded(cols["heap_bytes"][by_rank[int(r)]]):
             out.append(_outside_heap(r, res, ev))
             continue
         out.append(Finding(
