@@ -25,7 +25,7 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("amp_skipped", "bool"), ("grad_clip_max", "float64"), ("compute_s", "float64"),
         ("samples_per_s", "float64"), ("tokens_per_s", "float64"), ("flops", "float64"),
         ("mfu", "float64"), ("sample_ids", "int64[]"), ("cpu_s", "float64"),
-        ("cpu_queue_s", "float64"),
+        ("cpu_queue_s", "float64"), ("new_shapes", "int32"),
     ),
     "tensor_stats": (
         ("rank", "int32"), ("step", "int64"), ("name", "dict32"), ("kind", "dict8"),

@@ -284,3 +284,4 @@ class StepItem:
     mfu: float | None = None
     cpu_s: float | None = None  # cpuclock.py: the process's CPU seconds in the step, and
     cpu_queue_s: float | None = None  # the training thread's wait for a free CPU
+    new_shapes: int | None = None  # training/shapes.py: input signatures first seen

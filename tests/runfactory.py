@@ -241,6 +241,7 @@ def make_run(
     cpu: Any = None,
     cpu_queue: Any = None,
     tokens_per_s: Any = None,
+    new_shapes: Any = None,
     tensors: int | Sequence[str] = 0,
     tensor_kinds: Sequence[str] = ("grad", "param", "update"),
     tensor_norm: Callable[[np.ndarray, str, str], Any] | None = None,
@@ -275,7 +276,8 @@ def make_run(
     name)`` may return column arrays (``norm``, ``nonfinite``, ``zero_frac`` ...).
     ``cpu`` / ``cpu_queue`` fill ``steps.cpu_s`` / ``cpu_queue_s`` (default: absent, as
     in a run recorded before they were); ``tokens_per_s`` fills ``steps.tokens_per_s``
-    (default: absent, as when the recorder was given no token counts). ``status``
+    (default: absent, as when the recorder was given no token counts), ``new_shapes``
+    ``steps.new_shapes`` (default: absent, as without a model). ``status``
     running/crashed/completed; ``heartbeat_age_s`` ages the heartbeat (a killed run).
     ``events`` are event rows (``rank`` defaults to 0). ``parts`` splits each table into that
     many part files, ``merged`` writes one merged ``part-1-<parts>`` instead. ``hosts``
@@ -322,9 +324,11 @@ def make_run(
         if loss_scale is not None:
             steps_tbl["loss_scale"] = series(loss_scale, step_arr, rank)
         for col, spec in (("cpu_s", cpu), ("cpu_queue_s", cpu_queue),
-                          ("tokens_per_s", tokens_per_s)):
+                          ("tokens_per_s", tokens_per_s), ("new_shapes", new_shapes)):
             if spec is not None:
                 steps_tbl[col] = series(spec, step_arr, rank)
+                if col == "new_shapes":
+                    steps_tbl[col] = np.asarray(steps_tbl[col]).astype(np.int32)
         _write_table_parts(run_dir, "steps", rank, to_arrow("steps", steps_tbl), parts, merged)
 
         # memory

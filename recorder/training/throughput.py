@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .shapes import ShapeLog
+
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     # dense (no sparsity) FLOP/s per device, from the vendors' data sheets; the first name
     # contained in torch.cuda.get_device_name() wins (PCIe before the SXM default)
@@ -91,6 +93,8 @@ class FlopMeter:
         self._ended = 0
         self._thread: int | None = None
         self.off = False
+        # the step's new input shapes (shapes.py), counted beside its FLOPs
+        self.shapes = ShapeLog(model) if model is not None else None
 
     def ended(self, samples: int | None, tokens: int | None) -> float | None:
         shape = (samples, tokens)
@@ -119,6 +123,8 @@ class FlopMeter:
             finally:
                 self._mode = None
         self._unhook()
+        if self.shapes is not None:
+            self.shapes.remove()
 
     def _arm(self) -> None:
         """Count the next step from the model's first forward that records a graph (the
@@ -230,7 +236,8 @@ def step_rates(acc: Any, tokens: int | None, meter: FlopMeter | None) -> dict[st
     return {"samples_per_s": acc.samples / d if d and acc.samples else None,
             "tokens_per_s": tokens / d if d and tokens else None,
             "flops": acc.flops,
-            "mfu": meter.mfu(acc.flops, d) if meter is not None else None}
+            "mfu": meter.mfu(acc.flops, d) if meter is not None else None,
+            "new_shapes": meter.shapes.take() if meter and meter.shapes else None}
 
 
 def throughput_columns(run: Any) -> dict[str, Any]:
@@ -240,4 +247,4 @@ def throughput_columns(run: Any) -> dict[str, Any]:
         vals = [getattr(it, name) for it in run]
         return vals if any(v is not None for v in vals) else None
     return {c: col(c) for c in ("samples_per_s", "tokens_per_s", "flops", "mfu", "cpu_s",
-                                "cpu_queue_s")}
+                                "cpu_queue_s", "new_shapes")}

@@ -30,7 +30,7 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         cols = ctx.arrays(
             "SELECT rank, step, time, duration_s, data_wait_s, loss, lr, grad_norm, "
             "nonfinite_grads, loss_scale, amp_skipped, grad_clip_max, compute_s, cpu_s, "
-            "cpu_queue_s, tokens_per_s "
+            "cpu_queue_s, tokens_per_s, new_shapes "
             "FROM steps ORDER BY rank, step")
         out: dict[int, dict[str, np.ndarray]] = {}
         if not len(cols["rank"]):

@@ -10,7 +10,13 @@ hold about their share of them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from ...units import fmt_bytes
+from .. import anchors
+from ..findings import Finding
 
 RECORD = 0.1
 """A window sets a work record when its work exceeds every earlier window's by this share
@@ -60,3 +66,81 @@ def share_with_work(x: np.ndarray, y: np.ndarray, work: tuple[np.ndarray, np.nda
     rise = np.maximum(np.diff(y), 0.0)
     total = float(rise.sum())
     return float(rise[rec[1:] | rec[:-1]].sum() / total) if total > 0 else 0.0
+
+
+QUIET = 0.25
+"""The shape test needs at least this share of the memory samples' intervals (and 5) with
+no new input shape in them: a leak's growth shows there at its own rate; without such
+intervals (a loop whose every step is a new shape) nothing is excused."""
+
+
+def shape_windows(d: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, new input shapes per step) where the recorder counted them for most steps
+    (``steps.new_shapes``: training/shapes.py), else None."""
+    if d is None or "new_shapes" not in d:
+        return None
+    n = d["new_shapes"]
+    if not len(n) or np.isfinite(n).mean() < 0.8:
+        return None
+    return d["step"], n
+
+
+NEIGHBOURS = 10
+"""Intervals free of new shapes whose changes stand in for one with a new shape: the
+nearest ones, so that a leak starting mid-run keeps its onset."""
+
+
+def without_shapes(s: np.ndarray, v: np.ndarray, shapes: tuple[np.ndarray, np.ndarray]
+                   ) -> tuple[np.ndarray, float] | None:
+    """The memory series (steps ``s``, values ``v``) with what new input shapes explain
+    taken out, and the share of its rise that came with them — or None without enough
+    intervals free of new shapes (QUIET) to tell.
+
+    A per-shape cache (oneDNN primitives, cuDNN plans, recompiles, a user's table per
+    length) grows when a new shape arrives and holds otherwise; a leak grows at its own rate
+    over every interval between two memory samples. Each interval in which the model met a
+    new shape (from one sample's step to the next, both included: a shape met at a sample's
+    step may be allocated after that sample was read) takes the mean change of the
+    NEIGHBOURS nearest intervals without one: a cache then leaves a flat series, a leak its
+    own growth, from where it began."""
+    step, new = shapes
+    if len(s) < 3:
+        return None
+    met = np.sort(step[np.isfinite(new) & (new > 0)])
+    # new shapes in [s[i-1], s[i]]: those up to each end minus those before each start
+    near = np.searchsorted(met, s[1:], side="right") > np.searchsorted(met, s[:-1], side="left")
+    quiet = np.flatnonzero(~near)
+    if len(quiet) < max(5, QUIET * len(near)):
+        return None
+    dv = np.diff(v)
+    rise = np.maximum(dv, 0.0)
+    total = float(rise.sum())
+    share = float(rise[near].sum() / total) if total > 0 else 0.0
+    out = dv.copy()
+    half = NEIGHBOURS // 2
+    for i in np.flatnonzero(near):
+        at = int(np.searchsorted(quiet, i))
+        lo = max(0, min(at - half, len(quiet) - NEIGHBOURS))
+        out[i] = float(np.mean(dv[quiet[lo:lo + NEIGHBOURS]]))
+    return np.concatenate([[v[0]], v[0] + np.cumsum(out)]), share
+
+
+def shape_cache(fid: str, counter: str, what: str, r: int, res: dict[str, Any], ev: dict[str, Any]
+                 ) -> Finding:
+    """The info finding for memory that rose where the model met new input shapes and
+    held where it did not (:func:`without_shapes`)."""
+    share, rest = res["shapes"]["share"], res["shapes"]["growth"]
+    return Finding(
+        id=fid, severity="info", subject=counter, first_step=res["first_step"],
+        title=f"{what} grew with new input shapes (per-shape caches), not a leak",
+        message=(f"{what} on rank {r} rose from {fmt_bytes(res['start'])} to "
+                 f"{fmt_bytes(res['end'])}, {100 * share:.0f}% of it in windows where the "
+                 "model met an input shape it had not seen; without those intervals it "
+                 f"would have grown {fmt_bytes(max(rest, 0.0))}, which reads as no leak. "
+                 "Kernels, plans and tables kept per shape "
+                 "(oneDNN, cuDNN autotuning, recompilation, masks per length) grow until "
+                 "the shapes recur; a leak grows with steps."),
+        advice="Nothing to fix if the shapes vary by design; to bound it, bucket or pad "
+               "the inputs to a few shapes (or cap oneDNN's cache with "
+               "ONEDNN_PRIMITIVE_CACHE_CAPACITY).",
+        evidence=ev, chart=anchors.MEMORY)

@@ -20,7 +20,14 @@ from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
 from . import _data
-from ._workset import WORK_GROWTH, share_with_work, work_series
+from ._workset import (
+    WORK_GROWTH,
+    shape_cache,
+    shape_windows,
+    share_with_work,
+    without_shapes,
+    work_series,
+)
 from .base import Context
 
 ID = "memory_leak"
@@ -75,9 +82,14 @@ DOC = {
             "own changes) is subtracted from what follows, until the recorder frees it. "
             "Info, not a leak: a rise at least WORK_GROWTH of which comes where the work per "
             "step (tokens, else the step time) set a new high (the working set of longer "
-            "sequences or larger images: _workset.py), and RSS growing while the heap in "
+            "sequences or larger images: _workset.py), RSS growing while the heap in "
             "use, recorded beside it, shows no leak (pages the allocator keeps, or memory "
-            "outside malloc).",
+            "outside malloc), and growth that new input shapes explain: where the recorder "
+            "counted the model's new input signatures (steps.new_shapes), each interval "
+            "between memory samples in which one appeared takes the mean change of the "
+            "nearest intervals without one (at least QUIET of them), and the series so "
+            "adjusted is judged again — no leak left: per-shape caches (oneDNN, cuDNN "
+            "plans, recompiles), info; a leak left: reported at its own rate and onset.",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies. On CPU "
              "with input shapes that change every step (variable graphs, token routing, "
@@ -111,10 +123,9 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
     start = float(np.median(y[:3]))
     half = len(x) // 2
     tail_slope, _ = _stats.theil_sen(x[half:], y[half:])
-    if not (slope >= th.min_slope_bytes and z > 0 and p < th.max_p
-            and growth >= (th.min_growth_bytes if min_growth is None else min_growth)
-            and growth >= (th.min_growth_frac if min_frac is None else min_frac) * max(
-                start, 1.0)
+    bar = max(th.min_growth_bytes if min_growth is None else min_growth,
+              (th.min_growth_frac if min_frac is None else min_frac) * max(start, 1.0))
+    if not (slope >= th.min_slope_bytes and z > 0 and p < th.max_p and growth >= bar
             and tail_slope >= th.tail_ratio * slope and not filling(y, float(th.fill_ratio))):
         return None
     # onset: the change point of the window floors, where a level (flat, or the end of a
@@ -167,7 +178,8 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
     growth = max(float(y[-1]) - start, 0.0)
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
             "first_step": first, "last_step": int(s[-1]), "steps": len(s),
-            "with_work": share_with_work(x, y, work) if work is not None else 0.0}
+            "with_work": share_with_work(x, y, work) if work is not None else 0.0,
+            "shapes": None}
 
 
 SETTLE = 10
@@ -269,10 +281,18 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             if windows.get(int(r)):
                 steps, vals = discount(steps, vals, windows[int(r)])
             d = _data.steps(ctx).get(int(r))
-            res = _analyse(steps, vals, th, min_growth, min_frac, precise=heap,
-                           work=work_series(d) if d is not None else None)
+            work = work_series(d) if d is not None else None
+            res = _analyse(steps, vals, th, min_growth, min_frac, precise=heap, work=work)
             if res is None:
                 continue
+            shapes = shape_windows(d)
+            adj = without_shapes(steps, vals, shapes) if shapes is not None else None
+            if adj is not None:  # (the leak, if any, is what new shapes leave: its rate, onset)
+                left = _analyse(steps, adj[0], th, min_growth, min_frac, precise=heap, work=work)
+                res["shapes"] = {"share": adj[1], "explained": left is None,
+                                 "growth": float(adj[0][-1] - adj[0][0])}
+                if left is not None:
+                    res.update(slope=left["slope"], first_step=left["first_step"])
             leaking.append(int(r))
             if best is None or res["slope"] > best[1]["slope"]:
                 totals = np.asarray(np.ma.filled(cols["cuda_total_bytes"][sel], np.nan))
@@ -310,6 +330,12 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if res["with_work"] >= WORK_GROWTH:  # (_workset.py: the working set, not a leak)
             out.append(_working_set(counter, what, r, res, ev))
             continue
+        if res["shapes"] is not None:
+            ev["with_new_shapes_share"] = round(res["shapes"]["share"], 3)
+            ev["growth_without_new_shapes_bytes"] = int(res["shapes"]["growth"])
+            if res["shapes"]["explained"]:
+                out.append(shape_cache(ID, counter, what, r, res, ev))
+                continue
         if counter == "rss_bytes" and _heap_recorded(cols["heap_bytes"][by_rank[int(r)]]):
             out.append(_outside_heap(r, res, ev))
             continue

@@ -1,0 +1,90 @@
+"""Memory that grows with new input shapes is a per-shape cache, not a leak (issue 45, item
+2: structure by design explains). oneDNN keeps primitives per shape, cuDNN plans under
+``cudnn.benchmark``, a compiled model recompiles, a user keeps a mask per length: each grows
+once per distinct shape and holds while shapes recur. A leak grows with steps, in the
+windows without a new shape too. Generated runs: shapes drawn from a fixed set in random
+order, from a long tail that keeps bringing new ones late, with and without a leak."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tracealyze.analyzer.diagnosis.summary import build_summary
+
+from tests.runfactory import make_run
+
+N = 500
+
+
+def _leaks(tmp_path, heap, new_shapes=None):
+    dur = np.full(N, 0.01)
+    run = make_run(tmp_path, steps=N, duration=dur, data_wait=np.zeros(N), heap=heap,
+                   new_shapes=new_shapes)
+    return [f for f in build_summary(run)["findings"] if f["id"] == "memory_leak"]
+
+
+def _shapes(rng: np.random.Generator, kind: str) -> np.ndarray:
+    """Per step: 1 where the step's input shape is first seen."""
+    if kind == "set":  # one of 48 image sizes per batch, uniformly
+        draws = rng.integers(0, 48, N)
+    else:  # sequence lengths with a long tail: new lengths keep coming, more rarely
+        draws = np.minimum((16 * (1 + rng.pareto(1.3, N))).astype(int), 4096)
+    seen: set[int] = set()
+    out = np.zeros(N)
+    for i, v in enumerate(draws):
+        if v not in seen:
+            seen.add(int(v))
+            out[i] = 1
+    return out
+
+
+def _cache(rng: np.random.Generator, new: np.ndarray) -> np.ndarray:
+    """The heap: 130 MB, allocator noise, and 150-400 KiB kept at each new shape."""
+    kept = np.cumsum(new * rng.uniform(150e3, 400e3, N))
+    return 1.3e8 + rng.normal(0, 2e3, N) + kept
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kind", ["set", "tail"])
+def test_growth_at_new_shapes_only_is_a_per_shape_cache(tmp_path, seed, kind):
+    rng = np.random.default_rng(seed)
+    new = _shapes(rng, kind)
+    heap = _cache(rng, new)
+    hits = _leaks(tmp_path, heap, new)
+    assert all(f["severity"] == "info" for f in hits), hits
+    if hits:
+        assert "new input shapes" in hits[0]["title"], hits[0]
+        assert hits[0]["evidence"]["with_new_shapes_share"] >= 0.5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_same_cache_without_shape_counts_is_judged_as_before(tmp_path, seed):
+    """A run recorded before the recorder counted shapes (or without a model): nothing is
+    excused by a column that is not there — the growth, if it reads as a leak, is one."""
+    rng = np.random.default_rng(seed)
+    new = _shapes(rng, "tail")
+    heap = _cache(rng, new)
+    before = _leaks(tmp_path / "a", heap)
+    assert all("new input shapes" not in f["title"] for f in before)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kind", ["set", "tail"])
+@pytest.mark.parametrize("onset", [0, 250])
+def test_a_leak_beside_a_shape_cache_is_still_a_leak(tmp_path, seed, kind, onset):
+    rng = np.random.default_rng(10 + seed)
+    new = _shapes(rng, kind)
+    heap = _cache(rng, new) + np.maximum(np.arange(N) - onset, 0) * 24e3
+    hits = _leaks(tmp_path, heap, new)
+    assert len(hits) == 1 and hits[0]["severity"] in ("warning", "error"), hits
+    assert abs(hits[0]["first_step"] - onset) <= 0.05 * N + 10, hits[0]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_new_shape_every_step_excuses_nothing(tmp_path, seed):
+    """Every step a new shape and memory up every step: a cache that never hits grows like
+    a leak and is one (no window without a new shape to tell them apart)."""
+    rng = np.random.default_rng(30 + seed)
+    heap = 1.3e8 + rng.normal(0, 2e3, N) + np.arange(N) * 24e3
+    hits = _leaks(tmp_path, heap, np.ones(N))
+    assert len(hits) == 1 and hits[0]["severity"] in ("warning", "error"), hits
