@@ -10,6 +10,7 @@ hold about their share of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,14 @@ def shape_windows(d: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarr
 NEIGHBOURS = 10
 """Intervals free of new shapes whose changes stand in for one with a new shape: the
 nearest ones, so that a leak starting mid-run keeps its onset."""
+SETTLE = 2
+"""Steps after a new shape that are still its own: what its first step allocated for the
+moment (the step's graph, a workspace) lives until the next steps replace it, and its free
+comes there (a set transformer: +2.6 MB at a new size, -2.1 MB two steps later)."""
+TRIM = 2
+"""... less the TRIM largest and smallest of them: one free or one allocation among the
+neighbours (a 2 MB release of the heap beside a 113 KiB-a-step leak) is not the rate, and
+imputed into every nearby interval with a new shape it would be counted many times over."""
 
 
 def without_shapes(s: np.ndarray, v: np.ndarray, shapes: tuple[np.ndarray, np.ndarray]
@@ -100,15 +109,18 @@ def without_shapes(s: np.ndarray, v: np.ndarray, shapes: tuple[np.ndarray, np.nd
     length) grows when a new shape arrives and holds otherwise; a leak grows at its own rate
     over every interval between two memory samples. Each interval in which the model met a
     new shape (from one sample's step to the next, both included: a shape met at a sample's
-    step may be allocated after that sample was read) takes the mean change of the
-    NEIGHBOURS nearest intervals without one: a cache then leaves a flat series, a leak its
-    own growth, from where it began."""
+    step may be allocated after that sample was read, and until SETTLE steps after it)
+    takes the mean change of the NEIGHBOURS nearest intervals without one (trimmed, TRIM):
+    a cache then leaves a flat series, a leak its own growth, from where it began."""
     step, new = shapes
     if len(s) < 3:
         return None
     met = np.sort(step[np.isfinite(new) & (new > 0)])
-    # new shapes in [s[i-1], s[i]]: those up to each end minus those before each start
-    near = np.searchsorted(met, s[1:], side="right") > np.searchsorted(met, s[:-1], side="left")
+    # a new shape's steps, in [s[i-1], s[i]]: those up to each end minus those before each
+    # start (a shape met at t counts until t + SETTLE: its first step's temporaries are
+    # freed over the next ones, and those falls are the cache's doing too)
+    near = (np.searchsorted(met, s[1:], side="right")
+            > np.searchsorted(met + SETTLE, s[:-1], side="left"))
     quiet = np.flatnonzero(~near)
     if len(quiet) < max(5, QUIET * len(near)):
         return None
@@ -121,8 +133,53 @@ def without_shapes(s: np.ndarray, v: np.ndarray, shapes: tuple[np.ndarray, np.nd
     for i in np.flatnonzero(near):
         at = int(np.searchsorted(quiet, i))
         lo = max(0, min(at - half, len(quiet) - NEIGHBOURS))
-        out[i] = float(np.mean(dv[quiet[lo:lo + NEIGHBOURS]]))
+        near_by = np.sort(dv[quiet[lo:lo + NEIGHBOURS]])
+        out[i] = float(np.mean(near_by[TRIM:len(near_by) - TRIM]))
     return np.concatenate([[v[0]], v[0] + np.cumsum(out)]), share
+
+
+EVERY = 0.75
+"""A share of steps with a new input shape at which the message says that nearly every step
+brought one (then the intervals free of new shapes are too few to judge by, QUIET)."""
+
+
+def judge_without_shapes(res: dict[str, Any], s: np.ndarray, v: np.ndarray,
+                         shapes: tuple[np.ndarray, np.ndarray],
+                         analyse: Callable[[np.ndarray], dict[str, Any] | None]) -> None:
+    """Update ``res``, memory_leak's analysis of the series (``s``, ``v``), with what new
+    input shapes explain: ``analyse`` judges the series without them (:func:`without_shapes`)
+    — nothing left is a per-shape cache (``res["shapes"]["explained"]``), a leak left keeps
+    its own rate, and its onset where the series without the shapes starts to rise (not
+    later than the raw series' onset when it was already rising at half the leak's rate
+    between the two: a leak whose rate changed is no later leak)."""
+    new = shapes[1]
+    res["new_shape_steps"] = float(np.mean(new[np.isfinite(new)] > 0))
+    adj = without_shapes(s, v, shapes)
+    if adj is None:
+        return
+    left = analyse(adj[0])
+    res["shapes"] = {"share": adj[1], "explained": left is None,
+                     "growth": float(adj[0][-1] - adj[0][0])}
+    if left is None:
+        return
+    first, was = int(left["first_step"]), int(res["first_step"])
+    if first > was:
+        i, j = (min(int(k), len(s) - 1) for k in np.searchsorted(s, [was, first]))
+        if adj[0][j] - adj[0][i] >= 0.5 * left["slope"] * (first - was):
+            first = was
+    res.update(slope=left["slope"], first_step=first)
+
+
+def every_step_new(res: dict[str, Any]) -> str:
+    """The leak message's note when nearly every step brought a new input shape."""
+    share = res.get("new_shape_steps") or 0.0
+    if share < EVERY:
+        return ""
+    return (f" {100 * share:.0f}% of the steps brought an input shape the model had not seen: "
+            "a per-shape cache grows just like this until it is full (oneDNN keeps up to "
+            "1,024 primitives on the CPU); a few hundred steps with "
+            "ONEDNN_PRIMITIVE_CACHE_CAPACITY=0, or inputs padded to a few shapes, tell the two "
+            "apart.")
 
 
 def shape_cache(fid: str, counter: str, what: str, r: int, res: dict[str, Any], ev: dict[str, Any]

@@ -9,6 +9,7 @@ Mann–Kendall test; a practical size threshold keeps tiny slow drifts out.
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,10 +23,11 @@ from ..thresholds import Thresholds
 from . import _data
 from ._workset import (
     WORK_GROWTH,
+    every_step_new,
+    judge_without_shapes,
     shape_cache,
     shape_windows,
     share_with_work,
-    without_shapes,
     work_series,
 )
 from .base import Context
@@ -286,13 +288,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             if res is None:
                 continue
             shapes = shape_windows(d)
-            adj = without_shapes(steps, vals, shapes) if shapes is not None else None
-            if adj is not None:  # (the leak, if any, is what new shapes leave: its rate, onset)
-                left = _analyse(steps, adj[0], th, min_growth, min_frac, precise=heap, work=work)
-                res["shapes"] = {"share": adj[1], "explained": left is None,
-                                 "growth": float(adj[0][-1] - adj[0][0])}
-                if left is not None:
-                    res.update(slope=left["slope"], first_step=left["first_step"])
+            if shapes is not None:  # (_workset.py: what new input shapes explain)
+                judge_without_shapes(res, steps, vals, shapes, partial(
+                    _analyse, steps, th=th, min_growth=min_growth, min_frac=min_frac,
+                    precise=heap, work=work))
             leaking.append(int(r))
             if best is None or res["slope"] > best[1]["slope"]:
                 totals = np.asarray(np.ma.filled(cols["cuda_total_bytes"][sel], np.nan))
@@ -347,7 +346,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                      f"{fmt_bytes(res['start'])} to {fmt_bytes(res['end'])} "
                      f"(+{fmt_bytes(res['growth'])}). At this rate that is "
                      f"+{fmt_bytes(res['slope'] * 10_000)} per 10,000 steps."
-                     + oom),
+                     + oom + every_step_new(res)),
             advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
     return out
 
