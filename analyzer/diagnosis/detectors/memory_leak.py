@@ -88,10 +88,13 @@ DOC = {
             "use, recorded beside it, shows no leak (pages the allocator keeps, or memory "
             "outside malloc), and growth that new input shapes explain: where the recorder "
             "counted the model's new input signatures (steps.new_shapes), each interval "
-            "between memory samples in which one appeared takes the mean change of the "
-            "nearest intervals without one (at least QUIET of them), and the series so "
-            "adjusted is judged again — no leak left: per-shape caches (oneDNN, cuDNN "
-            "plans, recompiles), info; a leak left: reported at its own rate and onset.",
+            "between memory samples in which one appeared (or up to SETTLE steps before) "
+            "takes the trimmed mean change of the nearest intervals without one (at least "
+            "QUIET of them), and the series so adjusted is judged again — no leak left: "
+            "per-shape caches (oneDNN, cuDNN plans, recompiles), info; a leak left: "
+            "reported at its own rate and onset (the raw onset when the adjusted series "
+            "was already rising at half that rate). Where nearly every step brings a new "
+            "shape nothing is excused; the message says so.",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies. On CPU "
              "with input shapes that change every step (variable graphs, token routing, "
