@@ -68,6 +68,7 @@ class StepAccum:
     act_seq: int = 0
     samples: int | None = None  # batch sizes of the micro-batches that arrived (shapes)
     tokens: int | None = None  # their token positions; user_tokens: rec.step(tokens=)
+    new_shapes: int | None = None  # batches whose signature was new (training/shapes.py)
     user_tokens: int | None = None
     flops: float | None = None  # model FLOPs (throughput.FlopMeter)
     sample_ids: list[int] | None = None  # the sampler's indices of its batches (samples.py)

@@ -46,6 +46,7 @@ from .training.loader import batch_size_of
 from .training.profiling import ProfilerSchedule
 from .training.sampler import MemoryProbe
 from .training.samples import MAX_IDS
+from .training.shapes import ShapeLog
 from .training.throughput import FlopMeter, step_rates, tokens_of
 from .write.buffers import held_bytes
 from .write.rundir import RunDir
@@ -83,6 +84,7 @@ class StepLifecycle:
         self._last_end = time.time()
         self._clock = StepClock()  # the step's host CPU and run-queue time (cpuclock.py)
         self._batch_noted = False
+        self.shapes = ShapeLog()
         # with an optimizer: this thread until its pre-hook says where training runs
         self._train_thread: int | None = (threading.get_ident() if optimizer is not None
                                           else None)
@@ -163,8 +165,8 @@ class StepLifecycle:
                 self._batch_noted = True
                 self._guard("batch size", self._note_batch, batch)
 
-    @staticmethod
-    def _count_batch(acc: StepAccum, batch: Any) -> None:
+    def _count_batch(self, acc: StepAccum, batch: Any) -> None:
+        self.shapes.count(acc, batch)  # (new input shapes: per-shape caches, shapes.py)
         n, t = batch_size_of(batch), tokens_of(batch)
         if n is not None:
             acc.samples = (acc.samples or 0) + n
@@ -172,8 +174,7 @@ class StepLifecycle:
             acc.tokens = (acc.tokens or 0) + t
 
     def _note_batch(self, batch: Any) -> None:
-        """run.json's (and this rank's file's) ``data.batch_size``: written with the next
-        heartbeat. A shape read only: no device sync, nothing copied."""
+        """run.json's ``data.batch_size`` (with the next heartbeat): a shape read only."""
         n = batch_size_of(batch)
         if n is not None:
             self._rundir.note(data={"batch_size": n})
@@ -199,8 +200,7 @@ class StepLifecycle:
         self._guard("optimizer_stepped", self._after_update)
 
     @property
-    def acc(self) -> StepAccum:
-        """The open step (collecting values now)."""
+    def acc(self) -> StepAccum:  # the open step (collecting values now)
         return self._steps.open
 
     def _step_ended(self, loss: Any, step: int | None, lr: Any,

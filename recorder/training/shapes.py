@@ -5,61 +5,57 @@ cache, not a leak: oneDNN's primitives on the CPU, cuDNN's autotuned plans under
 ``cudnn.benchmark``, a compiled model's recompilations, a user's table of masks or position
 codes per length. Each grows once per distinct shape and stops when the shapes recur; a leak
 grows with steps. The analyzer (memory_leak) can only tell the two apart if it knows which
-steps brought a new shape, so the recorder counts them: a forward pre-hook on the model reads
-the shapes and dtypes of its tensor arguments (host-side metadata: no device work, no sync)
-and counts the signatures never seen before, training and evaluation forwards alike (an
-evaluation's new shapes fill the same caches).
+steps brought a new shape, so the recorder counts them from the batches it is handed (a
+wrapped loader, a framework's callback, ``tracealyze record``): the shapes and dtypes of
+their tensors, host-side metadata read at the batch's arrival (no device work, no sync).
+
+Not a hook on the model: a forward hook would live in the model's ``_forward_pre_hooks``,
+and ``torch.save(model)`` would then pickle a tracealyze object into the user's checkpoint,
+which could not be loaded where tracealyze is not installed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 MAX_SIGNATURES = 65_536
 """Distinct signatures remembered; past them the count stops (the column is then null):
-a loop whose every step is a new shape says so long before, and the set stays bounded
+a loop whose every batch is a new shape says so long before, and the set stays bounded
 (a few MB)."""
 MAX_TENSORS = 16
-"""Tensor arguments read per forward call (the first ones, nested one level)."""
+"""Tensors read per batch (the first ones, nested one level)."""
 
 
 class ShapeLog:
-    """Counts the model's forward calls whose input signature is new; ``take()`` at each
-    step's commit returns the count since the last one (None once the log is full)."""
+    """The batch signatures seen so far; :meth:`count` adds a batch's novelty to its step."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self) -> None:
         self.seen: set[tuple[Any, ...]] = set()
-        self.new = 0
         self.full = False
-        self._hook = model.register_forward_pre_hook(self._at_forward, with_kwargs=True)
 
-    def _at_forward(self, _module: Any, args: Any, kwargs: Any) -> None:
+    def count(self, acc: Any, batch: Any) -> None:
+        """Add 1 to ``acc.new_shapes`` when ``batch``'s signature is new, 0 when it was
+        seen (a step with batches is counted; one with none, or a full log, stays None)."""
         if self.full:
+            acc.new_shapes = None
             return
-        try:
-            sig = signature(args, kwargs)
-        except Exception:  # telemetry never breaks the forward
+        sig = signature(batch)
+        if not sig:
             return
-        if sig and sig not in self.seen:
-            if len(self.seen) >= MAX_SIGNATURES:
-                self.full = True
-                return
+        new = sig not in self.seen
+        if new and len(self.seen) >= MAX_SIGNATURES:
+            self.full = True
+            acc.new_shapes = None
+            return
+        if new:
             self.seen.add(sig)
-            self.new += 1
-
-    def take(self) -> int | None:
-        n, self.new = self.new, 0
-        return None if self.full else n
-
-    def remove(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        acc.new_shapes = (acc.new_shapes or 0) + int(new)
 
 
-def signature(args: Any, kwargs: Any) -> tuple[Any, ...]:
-    """(shape, dtype) of the call's first tensor arguments, in order, one level into
-    lists, tuples and dicts (a batch passed as a dict or a list of tensors)."""
+def signature(batch: Any) -> tuple[Any, ...]:
+    """(shape, dtype) of the batch's first tensors, in order, one level into lists, tuples
+    and mappings (``(x, y)``, ``{"input_ids": ..., "attention_mask": ...}``)."""
     import torch
 
     out: list[Any] = []
@@ -68,12 +64,14 @@ def signature(args: Any, kwargs: Any) -> tuple[Any, ...]:
         if isinstance(v, torch.Tensor) and len(out) < MAX_TENSORS:
             out.append((tuple(v.shape), v.dtype))
 
-    for v in (*args, *kwargs.values()):
-        if isinstance(v, (list, tuple)):
-            for w in v[:MAX_TENSORS]:
-                add(w)
-        elif isinstance(v, dict):
+    items = (batch.values() if isinstance(batch, Mapping)
+             else batch if isinstance(batch, (list, tuple)) else (batch,))
+    for v in list(items)[:MAX_TENSORS]:
+        if isinstance(v, Mapping):
             for w in list(v.values())[:MAX_TENSORS]:
+                add(w)
+        elif isinstance(v, (list, tuple)):
+            for w in v[:MAX_TENSORS]:
                 add(w)
         else:
             add(v)

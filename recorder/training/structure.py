@@ -9,7 +9,8 @@ module consumes which output is seen by identity: the producer's forward hook re
 tensor it returned, the normalisation's pre-hook looks its input up. Plain code in between
 (an activation, a view) makes another tensor, so nothing is claimed then.
 
-Hooks live for that one forward pass only. The pass begins at the model's own forward, or,
+Hooks live for that one forward pass only, outside the modules (``tensors/modhooks.py``:
+the user's model pickles as it was). The pass begins at the model's own forward, or,
 when the training loop never calls the model itself (a LightningModule whose
 ``training_step`` calls ``self.net(x)``), at the first hooked module that runs in training
 mode; it ends at the model's forward hook, or else at the end of the first step
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..tensors import modhooks
 from ..tensors.hooks import is_compiling
 from ..tensors.saturation import bound_kind
 
@@ -52,17 +54,17 @@ class StructureProbe:
         self.with_params = [n for n, m in model.named_modules()
                             if any(True for _ in m.parameters(recurse=False))]
         # (first: the root's own parameter pre-hook must see the pass as begun)
-        self.handles.append(model.register_forward_pre_hook(self._begin, prepend=True))
+        self.handles.append(modhooks.forward_pre(model, self._begin, prepend=True))
         owners = set(self.with_params)
         for name, m in model.named_modules():
             bias = getattr(m, "bias", None)
             if isinstance(bias, nn.Parameter) and bias.requires_grad:
-                self.handles.append(m.register_forward_hook(self._produced(name)))
+                self.handles.append(modhooks.forward(m, self._produced(name)))
             if isinstance(m, _MEAN_REMOVING):
-                self.handles.append(m.register_forward_pre_hook(self._consumed(name)))
+                self.handles.append(modhooks.forward_pre(m, self._consumed(name)))
             if name in owners:
-                self.handles.append(m.register_forward_pre_hook(self._called(name)))
-        self.handles.append(model.register_forward_hook(self._end))
+                self.handles.append(modhooks.forward_pre(m, self._called(name)))
+        self.handles.append(modhooks.forward(model, self._end))
 
     def _training(self) -> bool:
         return self.model.training and torch.is_grad_enabled()

@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .shapes import ShapeLog
-
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     # dense (no sparsity) FLOP/s per device, from the vendors' data sheets; the first name
     # contained in torch.cuda.get_device_name() wins (PCIe before the SXM default)
@@ -93,8 +91,6 @@ class FlopMeter:
         self._ended = 0
         self._thread: int | None = None
         self.off = False
-        # the step's new input shapes (shapes.py), counted beside its FLOPs
-        self.shapes = ShapeLog(model) if model is not None else None
 
     def ended(self, samples: int | None, tokens: int | None) -> float | None:
         shape = (samples, tokens)
@@ -123,8 +119,6 @@ class FlopMeter:
             finally:
                 self._mode = None
         self._unhook()
-        if self.shapes is not None:
-            self.shapes.remove()
 
     def _arm(self) -> None:
         """Count the next step from the model's first forward that records a graph (the
@@ -136,7 +130,9 @@ class FlopMeter:
             return
         self._precision = None
         self._thread = threading.get_ident()
-        self._hook = self.model.register_forward_pre_hook(self._at_forward)
+        from ..tensors import modhooks  # (outside the model: it pickles as it was)
+
+        self._hook = modhooks.forward_pre(self.model, self._at_forward)
 
     def _at_forward(self, module: Any, args: Any) -> None:
         import threading
@@ -237,7 +233,7 @@ def step_rates(acc: Any, tokens: int | None, meter: FlopMeter | None) -> dict[st
             "tokens_per_s": tokens / d if d and tokens else None,
             "flops": acc.flops,
             "mfu": meter.mfu(acc.flops, d) if meter is not None else None,
-            "new_shapes": meter.shapes.take() if meter and meter.shapes else None}
+            "new_shapes": acc.new_shapes}
 
 
 def throughput_columns(run: Any) -> dict[str, Any]:

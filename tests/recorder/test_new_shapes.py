@@ -1,16 +1,20 @@
-"""``steps.new_shapes``: the model's forward calls in a step whose input signature was new
-(training and evaluation alike), on a nanoGPT-style model with variable sequence lengths
-and a ResNet on variable image sizes, checked against a count the test keeps itself; a
-keyword-argument batch (as Hugging Face models take it); no model; a full log."""
+"""``steps.new_shapes``: the batches of a step whose signature (shapes and dtypes of their
+tensors) was new, from the batches the recorder is handed (``wrap_loader``), on a
+nanoGPT-style model with variable sequence lengths through a real DataLoader and a ResNet
+on variable image sizes, checked against a count the test keeps itself; dict batches (as
+Hugging Face collators make them); gradient accumulation; no batches; a full log; and the
+user's model left as it was (``torch.save(model)`` pickles nothing of tracealyze)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
 import torch
 from rec_helpers import FAST
+from torch.utils.data import DataLoader, Dataset
 from tracealyze.recorder import Recorder
 from tracealyze.recorder.training import shapes as shapes_mod
 
@@ -22,80 +26,77 @@ def _column(run: Path) -> list:
     return [r["new_shapes"] for r in sorted(rows, key=lambda r: r["step"])]
 
 
-def test_new_lengths_are_counted_at_their_step_training_and_evaluation(tmp_path):
+class _Lengths(Dataset):
+    """Token sequences whose length varies by index (lengths recur)."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        t = 4 + (i * 7) % 9
+        return torch.randint(0, VOCAB, (t,), generator=torch.Generator().manual_seed(i))
+
+
+def test_new_lengths_from_a_dataloader_are_counted_at_their_step(tmp_path):
     torch.manual_seed(0)
     model = NanoGPT(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    rng = torch.Generator().manual_seed(1)
+    loader = DataLoader(_Lengths(), batch_size=1, shuffle=True,
+                        generator=torch.Generator().manual_seed(3))
     seen: set[tuple] = set()
     want = []
     with Recorder(tmp_path / "r", model=model, optimizer=opt, **FAST) as rec:
-        for step in range(24):
-            n = 0
-            t = int(torch.randint(4, 12, (1,), generator=rng))  # lengths recur
-            ids = torch.randint(0, VOCAB, (2, t), generator=rng)
-            logits = model(ids)
-            n += (ids.shape, ids.dtype) not in seen
+        for ids in rec.wrap_loader(loader):
+            want.append(int((ids.shape, ids.dtype) not in seen))
             seen.add((ids.shape, ids.dtype))
+            logits = model(ids)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
                                                      ids.reshape(-1))
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if step % 6 == 5:  # an evaluation forward on a longer batch: same caches
-                ev = torch.randint(0, VOCAB, (3, t + 1), generator=rng)
-                with torch.no_grad():
-                    model(ev)
-                n += (ev.shape, ev.dtype) not in seen
-                seen.add((ev.shape, ev.dtype))
-            want.append(n)
             rec.step(loss=loss)
-    got = _column(tmp_path / "r")
-    assert got == want
-    assert 0 < sum(want) < 24  # the test means something: some steps new, some not
+    assert _column(tmp_path / "r") == want
+    assert sum(want) == 9 and len(want) == 48  # nine lengths, each new once
 
 
-def test_image_sizes_on_a_resnet(tmp_path):
+def test_image_sizes_on_a_resnet_with_accumulation(tmp_path):
+    """Two micro-batches a step: the step's count is how many of them were new."""
     torch.manual_seed(0)
     model = ResNet(0)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    sizes = [16, 20, 16, 24, 20, 16, 28, 16]
+    sizes = [16, 20, 16, 16, 24, 20, 16, 28, 28, 16]
+    batches = [(torch.randn(2, 3, s, s), torch.randint(0, 8, (2,))) for s in sizes]
     with Recorder(tmp_path / "r", model=model, optimizer=opt, **FAST) as rec:
-        for s in sizes:
-            x = torch.randn(2, 3, s, s)
-            loss = model(x).logsumexp(-1).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            rec.step(loss=loss)
-    assert _column(tmp_path / "r") == [1, 1, 0, 1, 0, 0, 1, 0]
+        for i, (x, y) in enumerate(rec.wrap_loader(batches)):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if i % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+                rec.step()
+    assert _column(tmp_path / "r") == [2, 0, 1, 1, 0]
 
 
-class _KwModel(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(50, 8)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return (self.emb(input_ids) * attention_mask[..., None]).sum()
-
-
-def test_keyword_batches_and_a_missing_model(tmp_path):
-    model = _KwModel()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    with Recorder(tmp_path / "kw", model=model, optimizer=opt, **FAST) as rec:
-        for t in (5, 5, 7, 5):
-            loss = model(input_ids=torch.zeros(2, t, dtype=torch.long),
-                         attention_mask=torch.ones(2, t))
+def test_dict_batches_and_no_batches(tmp_path):
+    emb = torch.nn.Embedding(50, 8)
+    opt = torch.optim.SGD(emb.parameters(), lr=1e-2)
+    batches = [{"input_ids": torch.zeros(2, t, dtype=torch.long),
+                "attention_mask": torch.ones(2, t)} for t in (5, 5, 7, 5)]
+    with Recorder(tmp_path / "kw", model=emb, optimizer=opt, **FAST) as rec:
+        for b in rec.wrap_loader(batches):
+            loss = (emb(b["input_ids"]) * b["attention_mask"][..., None]).sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
             rec.step(loss=loss)
     assert _column(tmp_path / "kw") == [1, 0, 1, 0]
-    assert not model._forward_pre_hooks  # closed: no hook of ours left on the model
-    with Recorder(tmp_path / "none", **FAST) as rec:  # no model: nothing counted
-        for _ in range(3):
-            rec.step(loss=1.0)
+    with Recorder(tmp_path / "none", model=emb, optimizer=opt, **FAST) as rec:
+        for _ in range(3):  # batches the recorder never sees: nothing counted
+            loss = emb(torch.zeros(1, dtype=torch.long)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
     assert _column(tmp_path / "none") == [None] * 3
 
 
@@ -103,9 +104,10 @@ def test_a_full_log_stops_counting(tmp_path, monkeypatch):
     monkeypatch.setattr(shapes_mod, "MAX_SIGNATURES", 3)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    batches = [torch.randn(b, 4) for b in (1, 2, 3, 1, 4, 5)]
     with Recorder(tmp_path / "r", model=model, optimizer=opt, **FAST) as rec:
-        for b in (1, 2, 3, 1, 4, 5):
-            loss = model(torch.randn(b, 4)).sum()
+        for x in rec.wrap_loader(batches):
+            loss = model(x).sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -115,8 +117,32 @@ def test_a_full_log_stops_counting(tmp_path, monkeypatch):
     assert got[4:] == [None, None]
 
 
-@pytest.mark.parametrize("args", [((torch.zeros(2, 3), [torch.zeros(1), 7]), {}),
-                                  ((), {"x": {"a": torch.zeros(2, dtype=torch.long)}})])
-def test_signature_reads_nested_tensors(args):
-    sig = shapes_mod.signature(*args)
+def test_the_users_model_pickles_without_tracealyze(tmp_path):
+    """``torch.save(model)`` under the standard preset, before the first step (an initial
+    checkpoint) and after each: the checkpoint holds nothing of ours (it must load where
+    tracealyze is not installed), and the save does not fail on a probe's closure (the
+    first forward's structure probe and the FLOP counter's hook used to sit on the model:
+    "Can't pickle local object")."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with Recorder(tmp_path / "r", model=model, optimizer=opt, **FAST) as rec:
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        assert b"tracealyze" not in buf.getvalue()
+        for x in rec.wrap_loader([torch.randn(b, 4) for b in (2, 3, 2)]):
+            loss = model(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+            buf = io.BytesIO()
+            torch.save(model, buf)  # mid-run, as a checkpoint would
+            assert b"tracealyze" not in buf.getvalue()
+
+
+@pytest.mark.parametrize("batch", [(torch.zeros(2, 3), [torch.zeros(1), 7]),
+                                   {"x": {"a": torch.zeros(2, dtype=torch.long)}},
+                                   torch.zeros(3)])
+def test_signature_reads_nested_tensors(batch):
+    sig = shapes_mod.signature(batch)
     assert sig and all(isinstance(s, tuple) and len(s) == 2 for s in sig)
