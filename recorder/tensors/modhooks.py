@@ -19,15 +19,22 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.modules import module as _module
-
-from .hooks import is_compiling
 
 Entry = tuple[weakref.ref[nn.Module], Callable[..., Any]]
 _pre: dict[int, list[Entry]] = {}
 _post: dict[int, list[Entry]] = {}
 _handles: list[Any] = []
+
+
+def is_compiling() -> bool:
+    """Whether torch.compile is tracing (hooks then return at once: no graph break)."""
+    try:
+        return bool(torch.compiler.is_compiling())
+    except Exception:
+        return False
 
 
 class Handle:
