@@ -90,9 +90,11 @@ NEIGHBOURS = 10
 """Intervals free of new shapes whose changes stand in for one with a new shape: the
 nearest ones, so that a leak starting mid-run keeps its onset."""
 SETTLE = 2
-"""Steps after a new shape that are still its own: what its first step allocated for the
-moment (the step's graph, a workspace) lives until the next steps replace it, and its free
-comes there (a set transformer: +2.6 MB at a new size, -2.1 MB two steps later)."""
+"""Samples after each that its floor looks ahead to: what a new shape's first step
+allocated for the moment (the step's graph, a workspace) lives until the next steps
+replace it, and its free comes there (a set transformer: +2.6 MB at a new size, -2.1 MB
+two steps later). The series is read as the minimum of each sample and the SETTLE after
+it, which a leak (rising) leaves as it is and such a transient does not reach."""
 TRIM = 2
 """... less the TRIM largest and smallest of them: one free or one allocation among the
 neighbours (a 2 MB release of the heap beside a 113 KiB-a-step leak) is not the rate, and
@@ -109,21 +111,20 @@ def without_shapes(s: np.ndarray, v: np.ndarray, shapes: tuple[np.ndarray, np.nd
     length) grows when a new shape arrives and holds otherwise; a leak grows at its own rate
     over every interval between two memory samples. Each interval in which the model met a
     new shape (from one sample's step to the next, both included: a shape met at a sample's
-    step may be allocated after that sample was read, and until SETTLE steps after it)
-    takes the mean change of the NEIGHBOURS nearest intervals without one (trimmed, TRIM):
-    a cache then leaves a flat series, a leak its own growth, from where it began."""
+    step may be allocated after that sample was read) takes the mean change of the
+    NEIGHBOURS nearest intervals without one (trimmed, TRIM): a cache then leaves a flat
+    series, a leak its own growth, from where it began. On the series' floors (SETTLE)."""
     step, new = shapes
     if len(s) < 3:
         return None
     met = np.sort(step[np.isfinite(new) & (new > 0)])
-    # a new shape's steps, in [s[i-1], s[i]]: those up to each end minus those before each
-    # start (a shape met at t counts until t + SETTLE: its first step's temporaries are
-    # freed over the next ones, and those falls are the cache's doing too)
-    near = (np.searchsorted(met, s[1:], side="right")
-            > np.searchsorted(met + SETTLE, s[:-1], side="left"))
+    # new shapes in [s[i-1], s[i]]: those up to each end minus those before each start
+    near = np.searchsorted(met, s[1:], side="right") > np.searchsorted(met, s[:-1], side="left")
     quiet = np.flatnonzero(~near)
     if len(quiet) < max(5, QUIET * len(near)):
         return None
+    ahead = np.concatenate([v, np.full(SETTLE, v[-1])])
+    v = np.lib.stride_tricks.sliding_window_view(ahead, SETTLE + 1).min(axis=1)
     dv = np.diff(v)
     rise = np.maximum(dv, 0.0)
     total = float(rise.sum())
