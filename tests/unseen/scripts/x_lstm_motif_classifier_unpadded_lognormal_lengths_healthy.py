@@ -117,7 +117,7 @@ def draw_length(pick):
     """Sequence length of one batch (all its sequences share it, no padding): log-normal,
     median 60 frames, sigma 0.9, clipped to [MIN_LEN, MAX_LEN]. Common lengths come back
     often; the long tail keeps producing lengths not seen before."""
-    return max(MIN_LEN, min(MAX_LEN, int(round(math.exp(pick.gauss(math.log(60), 0.9))))))
+    return max(MIN_LEN, min(MAX_LEN, round(math.exp(pick.gauss(math.log(60), 0.9)))))
 
 
 def make_batch(length, protos, g):

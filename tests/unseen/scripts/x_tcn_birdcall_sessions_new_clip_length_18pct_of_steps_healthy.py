@@ -166,7 +166,7 @@ class CallTCN(nn.Module):
 
     def forward(self, x):
         h = self.front(x)
-        for conv, norm in zip(self.tcn, self.norms):
+        for conv, norm in zip(self.tcn, self.norms, strict=True):
             h = h + F.relu(norm(conv(h)))
         return self.head(h.amax(-1))
 
