@@ -8,7 +8,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import modhooks
 from .modhooks import is_compiling
 from .stats import norms
 
@@ -70,8 +69,6 @@ def wrapped_in_ddp(model: Any) -> bool:
             return True
         model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
     return False
-
-
 
 
 def first_tensor(x: Any) -> torch.Tensor | None:
@@ -147,22 +144,24 @@ class ActivationHooks:
         probed = [probe and not isinstance(mod, FINITE_PRESERVING) for mod in modules]
         self._rest = [(i, mod) for i, (mod, p) in enumerate(zip(modules, probed, strict=True))
                       if not p]
-        # (outside the modules, modhooks.py: torch.save(model) pickles what the user made)
-        self.handles = [modhooks.forward(mod, self._make(i))
+        # (in the modules' own tables, not modhooks.py's: a forward hook there runs after the
+        # user's own, which may change the output — the probe must read what the module
+        # returned in the end. So torch.save(model) fails on these closures under debug.)
+        self.handles = [mod.register_forward_hook(self._make(i))
                         for i, (mod, p) in enumerate(zip(modules, probed, strict=True)) if p]
         self._extra: list[Any] = []
-        self.handles.append(modhooks.forward_pre(
-            model, lambda _m, args: None if is_compiling() or not torch.is_grad_enabled()
+        self.handles.append(model.register_forward_pre_hook(
+            lambda _m, args: None if is_compiling() or not torch.is_grad_enabled()
             else _input(args, on_input)))
         # Registered after the root's own output hook, so it runs after it: the end of a
         # forward pass, where the recorder probes the outputs it collected.
-        self.handles.append(modhooks.forward(
-            model, lambda _m, _i, _o: None if is_compiling() else on_end()))
+        self.handles.append(model.register_forward_hook(
+            lambda _m, _i, _o: None if is_compiling() else on_end()))
 
     def hook_all(self, on: bool) -> None:
         """Hook every module (for a step with activation statistics), or only the probed."""
         if on and not self._extra:
-            self._extra = [modhooks.forward(mod, self._make(i)) for i, mod in self._rest]
+            self._extra = [mod.register_forward_hook(self._make(i)) for i, mod in self._rest]
         elif not on and self._extra:
             for h in self._extra:
                 h.remove()

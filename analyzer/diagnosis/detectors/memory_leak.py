@@ -87,15 +87,13 @@ DOC = {
             "sequences or larger images: _workset.py), RSS growing while the heap in "
             "use, recorded beside it, shows no leak (pages the allocator keeps, or memory "
             "outside malloc), and growth that new input shapes explain: where the recorder "
-            "counted the model's new input signatures (steps.new_shapes), each interval "
-            "between memory samples in which one appeared takes the trimmed mean change "
-            "of the nearest intervals without one, on floors looking SETTLE samples ahead "
-            "(a new shape's transient is no rise), (at least "
-            "QUIET of them), and the series so adjusted is judged again — no leak left: "
-            "per-shape caches (oneDNN, cuDNN plans, recompiles), info; a leak left: "
-            "reported at its own rate and onset (the raw onset when the adjusted series "
-            "was already rising at half that rate). Where nearly every step brings a new "
-            "shape nothing is excused; the message says so.",
+            "counted the batches of new signature (steps.new_shapes), each interval between "
+            "memory samples with one takes the trimmed mean change of the nearest intervals "
+            "without one (at least QUIET of them), on floors looking SETTLE samples ahead (a "
+            "transient is no rise), and the adjusted series is judged again — no leak left: "
+            "per-shape caches (oneDNN, cuDNN plans, recompiles), info; a leak left: its own "
+            "rate and onset (the raw onset when the adjusted series was already rising at "
+            "half that rate). Nearly every step a new shape: nothing excused, said so.",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies. On CPU "
              "with input shapes that change every step (variable graphs, token routing, "
@@ -293,9 +291,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                 continue
             shapes = shape_windows(d)
             if shapes is not None:  # (_workset.py: what new input shapes explain)
-                judge_without_shapes(res, steps, vals, shapes, partial(
-                    _analyse, steps, th=th, min_growth=min_growth, min_frac=min_frac,
-                    precise=heap, work=work))
+                judge_without_shapes(res, steps, vals, shapes, partial(_analyse, steps, th=th,
+                                     min_growth=min_growth, min_frac=min_frac, precise=heap,
+                                     work=work))
             leaking.append(int(r))
             if best is None or res["slope"] > best[1]["slope"]:
                 totals = np.asarray(np.ma.filled(cols["cuda_total_bytes"][sel], np.nan))
@@ -333,9 +331,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if res["with_work"] >= WORK_GROWTH:  # (_workset.py: the working set, not a leak)
             out.append(_working_set(counter, what, r, res, ev))
             continue
-        if res["shapes"] is not None:
-            ev["with_new_shapes_share"] = round(res["shapes"]["share"], 3)
-            ev["growth_without_new_shapes_bytes"] = int(res["shapes"]["growth"])
+        if res["shapes"] is not None:  # (_workset.judge_without_shapes)
+            ev.update(with_new_shapes_share=round(res["shapes"]["share"], 3),
+                      growth_without_new_shapes_bytes=int(res["shapes"]["growth"]))
             if res["shapes"]["explained"]:
                 out.append(shape_cache(ID, counter, what, r, res, ev))
                 continue
