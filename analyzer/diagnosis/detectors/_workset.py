@@ -89,12 +89,6 @@ def shape_windows(d: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarr
 NEIGHBOURS = 10
 """Intervals free of new shapes whose changes stand in for one with a new shape: the
 nearest ones, so that a leak starting mid-run keeps its onset."""
-SETTLE = 2
-"""Samples after each that its floor looks ahead to: what a new shape's first step
-allocated for the moment (the step's graph, a workspace) lives until the next steps
-replace it, and its free comes there (a set transformer: +2.6 MB at a new size, -2.1 MB
-two steps later). The series is read as the minimum of each sample and the SETTLE after
-it, which a leak (rising) leaves as it is and such a transient does not reach."""
 TRIM = 2
 """... less the TRIM largest and smallest of them: one free or one allocation among the
 neighbours (a 2 MB release of the heap beside a 113 KiB-a-step leak) is not the rate, and
@@ -113,7 +107,9 @@ def without_shapes(s: np.ndarray, v: np.ndarray, shapes: tuple[np.ndarray, np.nd
     new shape (from one sample's step to the next, both included: a shape met at a sample's
     step may be allocated after that sample was read) takes the mean change of the
     NEIGHBOURS nearest intervals without one (trimmed, TRIM): a cache then leaves a flat
-    series, a leak its own growth, from where it began. On the series' floors (SETTLE)."""
+    series, a leak its own growth, from where it began. A new shape's transient (a set
+    transformer: +2.6 MB at a new size, freed two steps later) leaves a fall behind it; the
+    onset rule of :func:`judge_without_shapes` keeps it from dating the leak."""
     step, new = shapes
     if len(s) < 3:
         return None
@@ -123,8 +119,8 @@ def without_shapes(s: np.ndarray, v: np.ndarray, shapes: tuple[np.ndarray, np.nd
     quiet = np.flatnonzero(~near)
     if len(quiet) < max(5, QUIET * len(near)):
         return None
-    ahead = np.concatenate([v, np.full(SETTLE, v[-1])])
-    v = np.lib.stride_tricks.sliding_window_view(ahead, SETTLE + 1).min(axis=1)
+    # (raw values, not floors looking ahead: when the live batch's size, read with the heap,
+    # swings more than a shape's rise, a floor moves that rise into the intervals before it)
     dv = np.diff(v)
     rise = np.maximum(dv, 0.0)
     total = float(rise.sum())

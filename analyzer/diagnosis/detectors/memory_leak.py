@@ -89,8 +89,8 @@ DOC = {
             "outside malloc), and growth that new input shapes explain: where the recorder "
             "counted the batches of new signature (steps.new_shapes), each interval between "
             "memory samples with one takes the trimmed mean change of the nearest intervals "
-            "without one (at least QUIET of them), on floors looking SETTLE samples ahead (a "
-            "transient is no rise), and the adjusted series is judged again — no leak left: "
+            "without one (at least QUIET of them), and the adjusted series is judged "
+            "again — no leak left: "
             "per-shape caches (oneDNN, cuDNN plans, recompiles), info; a leak left: its own "
             "rate and onset (the raw onset when the adjusted series was already rising at "
             "half that rate). Nearly every step a new shape: nothing excused, said so.",
