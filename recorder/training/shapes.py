@@ -60,19 +60,15 @@ def signature(batch: Any) -> tuple[Any, ...]:
 
     out: list[Any] = []
 
-    def add(v: Any) -> None:
-        if isinstance(v, torch.Tensor) and len(out) < MAX_TENSORS:
+    def walk(v: Any, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
             out.append((tuple(v.shape), v.dtype))
+        elif depth > 0:
+            items = (v.values() if isinstance(v, Mapping)
+                     else v if isinstance(v, (list, tuple)) else ())
+            for w in list(items)[:MAX_TENSORS]:
+                if len(out) < MAX_TENSORS:
+                    walk(w, depth - 1)
 
-    items = (batch.values() if isinstance(batch, Mapping)
-             else batch if isinstance(batch, (list, tuple)) else (batch,))
-    for v in list(items)[:MAX_TENSORS]:
-        if isinstance(v, Mapping):
-            for w in list(v.values())[:MAX_TENSORS]:
-                add(w)
-        elif isinstance(v, (list, tuple)):
-            for w in v[:MAX_TENSORS]:
-                add(w)
-        else:
-            add(v)
+    walk(batch, 2)  # (the batch, its items, theirs)
     return tuple(out)

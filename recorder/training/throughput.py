@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..tensors import modhooks
+
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     # dense (no sparsity) FLOP/s per device, from the vendors' data sheets; the first name
     # contained in torch.cuda.get_device_name() wins (PCIe before the SXM default)
@@ -130,8 +132,7 @@ class FlopMeter:
             return
         self._precision = None
         self._thread = threading.get_ident()
-        from ..tensors import modhooks  # (outside the model: it pickles as it was)
-
+        # (outside the model's own hook table: it pickles as it was, modhooks.py)
         self._hook = modhooks.forward_pre(self.model, self._at_forward)
 
     def _at_forward(self, module: Any, args: Any) -> None:
