@@ -93,7 +93,8 @@ DOC = {
             "again — no leak left: "
             "per-shape caches (oneDNN, cuDNN plans, recompiles), info; a leak left: its own "
             "rate and onset (the raw onset when the adjusted series was already rising at "
-            "half that rate). Nearly every step a new shape: nothing excused, said so.",
+            "half that rate). Nearly every step a new shape: nothing excused, said so. "
+            "(Reasons and measurements of QUIET, NEIGHBOURS, TRIM, EVERY: _workset.py.)",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies. On CPU "
              "with input shapes that change every step (variable graphs, token routing, "
