@@ -60,6 +60,10 @@ class TableBuffer:
         self.held = 0
         self.failed: list[pa.Table] = []  # converted rows whose write failed, oldest first
         self.bad_rows = 0  # rows that could not be converted (dropped, counted)
+        # row counts of the batches the last take() joined, oldest first: a failed write's
+        # rows go back as those batches, so dropping "the oldest" under a bound drops the
+        # oldest rows, not every row the buffer holds (each retry joins them all again)
+        self._taken: list[int] = []
 
     def append(self, columns: dict[str, Any], n: int) -> None:
         if not n:
@@ -86,6 +90,7 @@ class TableBuffer:
             self.counts = []
         self.rows = self.held = 0
         tables = [t for t in tables if t.num_rows]
+        self._taken = [t.num_rows for t in tables]
         if not tables:
             return None
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables).unify_dictionaries()
@@ -104,8 +109,13 @@ class TableBuffer:
         return good
 
     def put_back(self, table: pa.Table) -> None:
-        """Re-queue rows whose write failed, ahead of anything buffered since."""
-        self.failed.append(table)
+        """Re-queue rows whose write failed, ahead of anything buffered since, as the
+        batches :meth:`take` joined into ``table`` (slices: no copy)."""
+        sizes = self._taken if sum(self._taken) == table.num_rows else [table.num_rows]
+        at = 0
+        for n in sizes:
+            self.failed.append(table.slice(at, n))
+            at += n
         self.rows += table.num_rows
 
     def drop_oldest(self, keep_rows: int) -> int:

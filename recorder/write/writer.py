@@ -339,7 +339,10 @@ class Writer:
         nbytes = sum(t.nbytes for b in bufs for t in b.failed)
         rows = sum(b.rows for b in self.buffers.values())
         while bufs and (nbytes > self.max_buffered_bytes or rows > self.max_buffered_rows):
-            buf = max(bufs, key=lambda b: b.failed[0].nbytes)  # the largest oldest batch
+            # the oldest batch of the table holding the most bytes (the bulky per-tensor
+            # rows go first; one row a step is lost only when it holds the most), so each
+            # table keeps its newest rows
+            buf = max(bufs, key=lambda b: sum(t.nbytes for t in b.failed))
             oldest = buf.failed[0]
             self.dropped[buf.name] += buf.drop_oldest(buf.rows - oldest.num_rows)
             nbytes -= oldest.nbytes
