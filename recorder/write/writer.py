@@ -13,14 +13,13 @@ flush; the failure is counted and reported once, and training never sees it.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import select
 import threading
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,8 +44,7 @@ from .schema import TABLES
 SELF_REPORTED = frozenset({"step_values", "run_dir_deleted"})
 """Keys of :attr:`Writer.dropped` whose losses are reported by an event of their own."""
 
-# A flush this close to due is done now rather than after one more (tiny) sleep.
-_FLUSH_SLACK_S = 0.01
+_FLUSH_SLACK_S = 0.01  # a flush this close to due is done now, not after one more sleep
 
 
 class _Wakeup:
@@ -127,7 +125,7 @@ class Writer:
         self.room: Callable[[], bool] | None = None  # False: the spool's uploads are stuck
         # A deque, not queue.Queue: append/popleft are atomic under the GIL, so submit() takes
         # no lock (a SIGTERM handler closing the recorder cannot deadlock on a queue mutex).
-        self.queue: collections.deque[Any] = collections.deque()
+        self.queue: deque[Any] = deque()
         self.queue_size = queue_size
         # When to wake. Each wake-up costs CPU that a small machine takes from training:
         # the writer's Python runs cold after a training step (~0.4 ms a wake-up in a
@@ -334,14 +332,13 @@ class Writer:
 
     def _bound_failed(self) -> None:
         """Writes keep failing (disk full, read-only, deleted): rows wait for the next try,
-        but memory is bounded in bytes and rows; the oldest beyond that are dropped, counted."""
+        but memory is bounded in bytes and rows; beyond that, the oldest batch of the table
+        holding the most bytes is dropped, counted (per-tensor rows go first; every table
+        keeps its newest rows)."""
         bufs = [b for b in self.buffers.values() if b.failed]
         nbytes = sum(t.nbytes for b in bufs for t in b.failed)
         rows = sum(b.rows for b in self.buffers.values())
         while bufs and (nbytes > self.max_buffered_bytes or rows > self.max_buffered_rows):
-            # the oldest batch of the table holding the most bytes (the bulky per-tensor
-            # rows go first; one row a step is lost only when it holds the most), so each
-            # table keeps its newest rows
             buf = max(bufs, key=lambda b: sum(t.nbytes for t in b.failed))
             oldest = buf.failed[0]
             self.dropped[buf.name] += buf.drop_oldest(buf.rows - oldest.num_rows)
