@@ -40,6 +40,35 @@ GRAD_Z = 3.0
 gradient norm corroborates at 3; a classifier's loss, noisy per batch, needs the gradient
 norm's clearer shift."""
 MIN_POINTS = 40
+OFF_SHARE = 0.2
+"""A rescale multiplies every tensor's gradient by one factor; more than this share of the
+tensors (and at least two) changing by another one is something else: targets or inputs in
+new units, weights reloaded at another scale (the loss and gradient factors of such runs
+agree as often as not). Measured at a shift's step: rescaled objectives — every matrix
+``loss_x2`` run (45, 6-44 tensors), a loss x8 and a mean-to-sum change — ≤ 0.07 of the
+tensors off; targets x1000, normalisation dropped, int8 weights without their scale,
+weight_hh x3 — 0.33-1.0 off."""
+
+
+def one_factor(per_tensor: list[tuple[np.ndarray, np.ndarray]]) -> bool | None:
+    """Did every tensor's gradient norm change by one factor? ``per_tensor``: each tensor's
+    finite positive norms over the ``w`` points before a shift and after it. A tensor is off
+    when its change (of log medians) stands more than 3 standard errors of its own noise, and
+    more than half the smallest rescale looked for, from the tensors' median change. None
+    when fewer than two tensors have 4 points on each side (nothing to tell)."""
+    d, se = [], []
+    for before, after in per_tensor:
+        if len(before) < 4 or len(after) < 4:
+            continue
+        lb, la = np.log(before), np.log(after)
+        d.append(_med(la) - _med(lb))
+        se.append(1.25 * float(np.hypot(_sigma(lb) / np.sqrt(len(lb)),
+                                         _sigma(la) / np.sqrt(len(la)))))
+    if len(d) < 2:
+        return None
+    dev = np.abs(np.asarray(d) - np.median(d))
+    off = int((dev > np.maximum(3 * np.asarray(se), np.log(MIN_FACTOR) / 2)).sum())
+    return not (off >= 2 and off > OFF_SHARE * len(d))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tracealyze.analyzer.stats.shift import objective_shift
+from tracealyze.analyzer.stats.shift import objective_shift, one_factor
 
 
 def _run(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -136,3 +136,46 @@ def test_a_loss_that_turns_unstable_is_not_a_rescale_when_the_loss_alone_is_inco
         rescaled += objective_shift(step, loss, grad) is not None
     assert rescaled >= 0.8 * 60, rescaled
     assert unstable <= 0.35 * 60, unstable
+
+
+def _tensors(rng: np.random.Generator, factors: np.ndarray, w: int = 20
+             ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per-tensor gradient norms over w steps before and after a change that multiplies
+    tensor i's by factors[i]: each at its own level, with its own per-step noise."""
+    out = []
+    for f in factors:
+        level, noise = np.exp(rng.uniform(-6, 2)), rng.uniform(0.02, 0.5)
+        out.append((level * np.exp(rng.normal(0, noise, w)),
+                    level * f * np.exp(rng.normal(0, noise, w))))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_rescale_moves_every_tensors_gradient_by_one_factor(seed: int) -> None:
+    """The loss ×k (a weight, a sum for a mean): every gradient ×k exactly, each seen through
+    its own batch noise (2 to 80 tensors, k from 1.5 to 10^4)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 80))
+    k = float(np.exp(rng.uniform(np.log(1.5), np.log(1e4))))
+    assert one_factor(_tensors(rng, np.full(n, k))) is True
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_change_of_units_moves_them_by_different_factors(seed: int) -> None:
+    """Targets, inputs or weights at another scale change what the model computes: each
+    tensor's gradient moves by its own factor (here spread over at least ×4 between tensors),
+    and that is not a rescaled objective."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(4, 80))
+    centre = rng.uniform(np.log(3), np.log(1e4))
+    spread = rng.uniform(np.log(4), np.log(1e3))
+    factors = np.exp(centre + spread * (rng.permutation(n) / (n - 1) - 0.5))
+    assert one_factor(_tensors(rng, factors)) is False
+
+
+def test_too_few_tensors_or_points_tell_nothing() -> None:
+    rng = np.random.default_rng(5)
+    assert one_factor(_tensors(rng, np.array([10.0]))) is None
+    assert one_factor(_tensors(rng, np.array([10.0, 100.0]), w=3)) is None
+    # one tensor of many off (an expert fed by other tokens) is not enough to say no
+    assert one_factor(_tensors(rng, np.r_[np.full(19, 8.0), 80.0])) is True

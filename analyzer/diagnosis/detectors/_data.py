@@ -7,12 +7,13 @@ enough to pull as numpy arrays.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 import numpy as np
 
-from ...stats.shift import objective_shift
+from ...stats.shift import objective_shift, one_factor
 from ._structure import chance_level, structure
 from .base import Context
 
@@ -55,7 +56,8 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
             # a rescaled objective (loss and every gradient ×k at one step: stats/shift.py)
             # is judged on its new scale: the steps after it are divided by k
             sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
-            if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh):
+            if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh) \
+                    and _one_factor(ctx, d, sh):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],
                                             d["loss"][sh.index:] / sh.factor])
@@ -93,6 +95,27 @@ def _to_chance(ctx: Context, d: dict[str, np.ndarray], sh: Any) -> bool:
     lo, hi = CHANCE_BAND
     return before < 0.5 * math.log(c) and all(
         lo * math.log(c) <= v <= hi * math.log(c) for v in settled)
+
+
+def _one_factor(ctx: Context, d: dict[str, np.ndarray], sh: Any) -> bool:
+    """Did every recorded tensor's gradient change by one factor at the shift, as a rescaled
+    objective's do (stats/shift.one_factor)? The per-tensor norms over the shift's windows,
+    of the rank the per-layer detectors read (all-reduced gradients are every rank's); True
+    (the loss and total norm decide) when they were not recorded there."""
+    t = tensor_rank(ctx)
+    w = max(10, int(np.isfinite(d["loss"]).sum()) // 20)  # (objective_shift's windows)
+    lo = int(d["step"][max(0, sh.index - w)])
+    hi = int(d["step"][min(len(d["step"]) - 1, sh.index + w - 1)])
+    cols = ctx.arrays("SELECT name, step, norm FROM tensor_stats WHERE rank = ? AND "
+                      "kind = 'grad' AND step BETWEEN ? AND ? AND isfinite(norm) AND norm > 0 "
+                      "ORDER BY name, step", [t, lo, hi]) if t is not None else {"name": []}
+    names = np.asarray(cols["name"], dtype=object)
+    if not len(names):
+        return True
+    step, norm = np.asarray(cols["step"]), np.asarray(cols["norm"], dtype=np.float64)
+    cut = np.r_[0, np.flatnonzero(names[1:] != names[:-1]) + 1, len(names)]
+    return one_factor([(norm[a:b][step[a:b] < sh.step], norm[a:b][step[a:b] >= sh.step])
+                       for a, b in itertools.pairwise(cut)]) is not False
 
 
 def _lr_moved(d: dict[str, np.ndarray], i: int) -> bool:
