@@ -110,3 +110,28 @@ def test_a_learning_rise_before_a_batch_that_threw_the_run_is_not_the_explosion(
     assert all(f["first_step"] == 170 for f in above
                if f["id"] in ("gradient_explosion", "loss_divergence")), [
         (f["id"], f["first_step"]) for f in above]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_learning_rise_that_settled_is_not_the_start_of_a_later_explosion(tmp_path, seed):
+    """y_neural_ode (held-out): the gradient norm rises x30 over steps 110-170 as the model
+    escapes its plateau (the loss 0.69 -> 0.001), falls back below where it started, and an
+    LR x50 at step 250 blows it up for good (the loss to 1e20). The first rise is judged on
+    what it did before the second began (the loss far below its level): the explosion is
+    dated at the jump, not at 110 by the damage the later one did."""
+    rng = np.random.default_rng(seed)
+    rise = np.exp(np.log(30) * np.clip((S - 110) / 60, 0, 1))
+    fall = np.exp(-np.log(300) * np.clip((S - 170) / 50, 0, 1))
+    blow = np.exp(np.clip(S - 250, 0, None) * 0.8)
+    total = 0.15 * rise * fall * blow * _lognoise(rng, 0.5)
+    lr = np.where(S < 250, 0.03, 1.5)
+    loss = np.where(S < 110, 0.69, 0.69 * np.exp(-np.clip(S - 110, 0, None) / 15))
+    loss = np.maximum(loss, 1e-3) * _lognoise(rng, 0.1) * blow ** 1.5
+
+    def norm(s, name, kind):
+        return 0.5 * total * _lognoise(rng, 0.3) if kind == "grad" else None
+
+    run = make_run(tmp_path, steps=N, loss=loss, lr=lr, grad_norm=total, tensors=NAMES,
+                   tensor_norm=norm)
+    (f,) = [f for f in build_summary(run)["findings"] if f["id"] == "gradient_explosion"]
+    assert 249 <= f["first_step"] <= 251, (f["first_step"], f["message"])

@@ -57,6 +57,7 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
         # way up its own window, a rebound from one deep dip sits at the median)
         rising = (xs - lo >= need) & (xs - typical >= need / 3)
     last = -1  # the previous episode's crossing: a next one rises from a minimum after it
+    pending: dict[str, Any] | None = None  # an episode, told once the next one's onset is known
     for i in np.flatnonzero(rising):
         j = int(lo_at[i])
         if j <= last:
@@ -133,32 +134,54 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
                 onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
         # what the growth did is read up to a batch that threw the run after its onset:
         # what followed the batch is the batch's doing (bad batch -> spike -> explosion), its
-        # own episode
+        # own episode; and up to the next episode's onset (below), which is that one's
         stop = len(xs)
         if batch is not None and onset < batch:
             stop = max(i + 1, int(np.searchsorted(step, batch)))
-        # back down to (near) the baseline for the rest of the run: the rise ended
-        down = xs[i:] <= baseline + need / 2
-        after = np.flatnonzero(~down)
-        settled = bool(down[-1]) and not ends_nonfinite and len(after) < len(down)
-        # its level at the end (the last tenth, at least min_points): the same precision as
-        # the loss's end it is compared with
-        end = xs[max(i + 1, stop - max(int(th.min_points), stop // 10)):stop]
-        yield {"onset": onset, "cross": int(step[i]),
-               # still growing into the series' end (the first NaN, if any): its highest
-               # point among the last few before it, and up since the crossing
-               "into_end": bool(np.all(xs[i:] >= lo[i] + need / 2)
-                                and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)
-                                and not _paused(xs[i:], need, w)),
-               "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
-               else None, "from": float(math.exp(start_x)),
-               "to": float(math.exp(x[i])), "per_step": float(math.exp(slope)),
-               "max": float(math.exp(np.max(x[:stop]))), "baseline": float(math.exp(baseline)),
-               # the level the growth held (smoothed: one batch's spike, a loss_spike's
-               # business, is not a level any growth reached)
-               "held": float(math.exp(np.max(xs[:stop]))),
-               "end_level": float(math.exp(np.median(end))) if len(end) else None}
+        if pending is not None:  # (a next onset placed back before its crossing: one
+            # growth seen twice, its story runs on)
+            at = int(np.searchsorted(step, onset))
+            yield _story(pending, step, x, xs, ends_nonfinite, th,
+                         min(pending["stop"], at) if at > pending["i"] else pending["stop"])
+        pending = {"onset": onset, "cross": int(step[i]), "i": i, "lo": float(lo[i]),
+                   "baseline": baseline, "start_x": start_x, "slope": float(slope),
+                   "stop": stop, "need": need, "w": w}
         last = i
+    if pending is not None:
+        yield _story(pending, step, x, xs, ends_nonfinite, th, pending["stop"])
+
+
+def _story(ep: dict[str, Any], step: np.ndarray, x: np.ndarray, xs: np.ndarray,
+           ends_nonfinite: bool, th: Thresholds, stop: int) -> dict[str, Any]:
+    """An episode as its judges read it: what it did up to ``stop`` (the index where its
+    story ends: a batch that threw the run, the next episode's onset, else the series' end;
+    a rise that settled, then a learning-rate jump 30 steps later, is judged on where it
+    settled, not on the later blow-up)."""
+    i, need, w, baseline = ep["i"], ep["need"], ep["w"], ep["baseline"]
+    stop = max(i + 1, stop)
+    # back down to (near) the baseline for the rest of its story: the rise ended
+    down = xs[i:stop] <= baseline + need / 2
+    after = np.flatnonzero(~down)
+    settled = bool(down[-1]) and not (ends_nonfinite and stop == len(xs)) and \
+        len(after) < len(down)
+    # its level at the end (the last tenth, at least min_points): the same precision as
+    # the loss's end it is compared with
+    end = xs[max(i + 1, stop - max(int(th.min_points), stop // 10)):stop]
+    return {"onset": ep["onset"], "cross": ep["cross"],
+            # still growing into the series' end (the first NaN, if any): its highest
+            # point among the last few before it, and up since the crossing
+            "into_end": bool(np.all(xs[i:] >= ep["lo"] + need / 2)
+                             and int(np.argmax(xs)) >= len(xs) - max(3, w // 5)
+                             and not _paused(xs[i:], need, w)),
+            "settled_at": int(step[i + int(after[-1]) + 1]) if settled and len(after)
+            else None, "from": float(math.exp(ep["start_x"])),
+            "to": float(math.exp(x[i])), "per_step": float(math.exp(ep["slope"])),
+            "max": float(math.exp(np.max(x[:stop]))), "baseline": float(math.exp(baseline)),
+            # the level the growth held (smoothed: one batch's spike, a loss_spike's
+            # business, is not a level any growth reached)
+            "held": float(math.exp(np.max(xs[:stop]))),
+            "end_level": float(math.exp(np.median(end))) if len(end) else None,
+            "until": int(step[stop - 1])}
 
 
 def _paused(rest: np.ndarray, need: float, w: int) -> bool:

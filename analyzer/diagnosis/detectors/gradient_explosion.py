@@ -55,6 +55,7 @@ DOC = {
             "the onset (with or without clipping: a new head's gradient surges once at the "
             "peak learning rate and settles at its new level). Each series is read episode "
             "by episode (a later one rises from a minimum after the earlier one's crossing; "
+            "each is judged on what it did before the next one's onset; "
             "an episode that held its level for a window, a factor below where the series "
             "ended, did not grow into that end or its NaN: the later rise did), "
             "the first that is an explosion reported; an episode that began before a batch "
@@ -145,7 +146,9 @@ def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window
     # own damage is no level it had reached) against its level at the end, two medians
     # compared at two standard errors of their difference
     at = loss[(step >= res["onset"] - 10) & (step < res["onset"])]
-    end = loss[step >= max(since, int(step[-1]) - max(10, len(step) // 10))]
+    # its end: where its story ends (a later episode's damage is that one's)
+    until = min(int(res.get("until", step[-1])), int(step[-1]))
+    end = loss[(step >= max(since, until - max(10, len(step) // 10))) & (step <= until)]
     if len(at) < 3 or len(end) < 3:
         return False
     noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
@@ -258,9 +261,11 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     cause = _changes.within(ctx, int(first) - 10, int(main["cross"]) + 2)
     first, because = _changes.dated_by(cause, first)
     clipped = r is not None and bool(np.isfinite(_data.steps(ctx)[r]["grad_clip_max"]).any())
-    msg = (f"The {what}{' (before clipping)' if clipped else ''} grew from "
-           f"{main['from']:.3g} at step "
-           f"{main['onset']} to {main['to']:.3g} by step {main['cross']}{because}"
+    msg = (f"The {what}{' (before clipping)' if clipped else ''} "
+           + (f"jumped from {main['from']:.3g} to {main['to']:.3g} at step {main['cross']}"
+              if main["cross"] == main["onset"] else
+              f"grew from {main['from']:.3g} at step {main['onset']} to {main['to']:.3g} by "
+              f"step {main['cross']}") + f"{because}"
            + (f", and went nonfinite at step {nan_at}" if nan_at is not None else "") + ".")
     if layers:
         msg += (f" {len(layers)} tensor(s) explode; most, against its own baseline: "
