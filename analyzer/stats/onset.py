@@ -62,21 +62,26 @@ def single_jump(x: np.ndarray, j: int, i: int, need: float, w: int, end: int) ->
 
     The step that takes the series out of its baseline for good (every point from it to
     ``end`` above the range of the ``w`` points before the onset) must itself rise by the
-    factor, from a point still inside that range. A growth, however fast (3.5, 5.5, 12,
-    273, 5e3 from step 0), has left the range of its first points before its largest step,
-    and keeps its onset; a noisy bias gradient (0.002 to 0.3 from step to step) stays
-    inside its range until the jump."""
+    factor, from a point still inside that range; or, once out of it, the largest one-step
+    rise by the factor from a point within half the factor of the range (a noise blip just
+    over the range the step before the jump: 0.38 -> 1.07 -> 5.5e7). A growth, however fast
+    (3.5, 5.5, 12, 273, 5e3 from step 0), has left the range of its first points before its
+    largest step, and keeps its onset; a noisy bias gradient (0.002 to 0.3 from step to
+    step) stays inside its range until the jump."""
     base = x[max(0, j - w):j + 1]
     top = float(np.max(base))
     # (out of the range is enough: a batch that throws a growth off starts it there, though
     # the growth may take a few steps to clear half the factor; the one-step rise by the
-    # factor from inside the range is what no growth's own first step does)
+    # factor from at most half of it above the range is what no growth's own step does)
     above = x[j:end] > top
     below = np.flatnonzero(~above)
     e = j + (int(below[-1]) + 1 if len(below) else 0)
-    if j < e < end and x[e] - x[e - 1] >= need and x[e - 1] <= top:
-        return e
-    return j
+    if not j < e < end:
+        return j
+    ks = np.arange(e, end)
+    rise = np.where(x[ks - 1] <= top + need / 2, x[ks] - x[ks - 1], -np.inf)
+    k = int(ks[int(np.argmax(rise))])
+    return k if x[k] - x[k - 1] >= need and x[k - 1] <= top + need / 2 else j
 
 
 def hinge(x: np.ndarray, a: int, b: int, default: int) -> int:

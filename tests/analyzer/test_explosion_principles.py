@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tracealyze.analyzer.diagnosis.summary import build_summary
+from tracealyze.analyzer.stats.onset import single_jump
 
 from tests.runfactory import make_run
 
@@ -87,3 +88,24 @@ def test_transient_rise_during_a_learning_transition_is_not_an_explosion(tmp_pat
                    tensor_norm=lambda s, n, k: g / 3 if k == "grad" else None)
     fs = build_summary(run)["findings"]
     assert not [x for x in fs if x["severity"] != "info"], fs
+
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_jump_after_a_noise_blip_is_dated_to_the_jump(seed):
+    """z_dcn (held-out): features in other units from step 190 throw the gradient norm from
+    ~0.4 to 5e7, where it stays far above; the step before, a noise blip (1.07) had just
+    cleared the range of the steps before the smoothed series' bend (184). The onset is the
+    jump, not the bend; a growth with no such step keeps its onset."""
+    rng = np.random.default_rng(seed)
+    x = np.log(0.4) + rng.normal(0, 0.3, 240)
+    j, at = 184, 190
+    top = float(np.max(x[j - 50:j + 1]))
+    x[at - 1] = top + rng.uniform(0.05, 1.0)  # just over the range, far under the factor
+    x[at:] = np.log(5e7) + rng.normal(0, 0.5, 240 - at)
+    need = float(np.log(10))
+    assert single_jump(x, j, at + 2, need, 50, at + 6) == at
+    # a steady growth of x4 a step from the bend has no single step of the factor
+    g = x.copy()
+    g[j + 1:] = x[j] + np.log(4) * np.arange(1, 240 - j)
+    assert single_jump(g, j, j + 3, need, 50, j + 7) == j

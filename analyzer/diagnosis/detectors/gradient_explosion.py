@@ -63,6 +63,8 @@ DOC = {
             "before it. The onset is the "
             "change point of the smoothed log norm (best flat-then-rising fit), or the one "
             "step that takes the raw norm out of its baseline's range for good by ln(factor) "
+            "(from inside the range, or from within half the factor of it: a noise blip "
+            "just before the jump) "
             "(a batch that threw the run), or that batch's step (loss_spike's batch event) "
             "when the growth reached its size only after it (before it, the smoothed norm "
             "had not risen by ln(factor) from the onset), or the run's start when the "
