@@ -163,6 +163,28 @@ def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window
     return after <= before + 2 * se and not thrown
 
 
+def _improved_for_a_window(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
+    """Did the loss keep improving for a window past the crossing: the growth's story (up
+    to the next episode, a batch, or the end) ran ``window`` steps beyond it, finite, and
+    the loss at its end sits clearly below its level before the onset? A level far above
+    the model's usual gradient is abnormal whatever the loss does *yet*; a window later the
+    loss has answered (a CNN's pre-clipping norm x40 while it learns from chance to 0.65)."""
+    until = res.get("until")
+    if until is None or until < res["cross"] + window or res.get("first_nonfinite") is not None:
+        return False
+    series = _data.finite_loss(ctx, 1)
+    if series is None:
+        return False
+    _, step, loss = series
+    at = loss[(step >= res["onset"] - 10) & (step < res["onset"])]
+    end = loss[(step > until - max(10, len(step) // 10)) & (step <= until)]
+    if len(at) < 3 or len(end) < 3:
+        return False
+    noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
+    se = 1.25 * noise * math.sqrt(1 / len(at) + 1 / len(end))
+    return float(np.median(end)) < float(np.median(at)) - 2 * se
+
+
 def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
                    th: Thresholds, onset_min: int = 0, batch: int | None = None
                    ) -> dict[str, Any] | None:
@@ -174,6 +196,7 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     total = None
     typical_total = typical_before = None
+    norms: tuple[np.ndarray, np.ndarray] | None = None  # (steps, total norms) finite, > 0
     r = _data.primary_rank(ctx, "grad_norm")
     thrown = loss_spike.batch_span(ctx)
     batch = None if thrown is None else thrown[0]
@@ -192,11 +215,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # the model's usual gradient up to it: the batch may leave the model in another regime.)
     def extreme(x: Mapping[str, Any]) -> bool:
         usual = typical_before if batch is not None and x["onset"] < batch else typical_total
+        if norms is not None and x.get("until") is not None:  # (over its own story: a
+            # later regime, dead units' zero gradients or a later blow-up, is another's)
+            mine = norms[1][norms[0] <= x["until"]]
+            usual = float(np.median(mine)) if len(mine) else usual
         return usual is not None and x["held"] >= float(th.factor) * usual
 
     def real(x: Mapping[str, Any]) -> bool:
         return not _learned_through(ctx, x, float(th.factor), win) and (
-            _hurts(ctx, x, win) or extreme(x))
+            _hurts(ctx, x, win) or (extreme(x) and not _improved_for_a_window(ctx, x, win)))
 
     if r is not None:
         d = _data.steps(ctx)[r]
@@ -204,6 +231,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         given = d["grad_norm_given"]
         ok = np.isfinite(g) & (g > 0)
         typical_total = float(np.median(g[ok])) if ok.any() else None
+        norms = (d["step"][ok], g[ok])
         if batch is not None:  # the model's usual gradient before the batch threw the run
             ok &= d["step"] < batch
             typical_before = float(np.median(g[ok])) if ok.any() else None

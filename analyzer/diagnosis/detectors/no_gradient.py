@@ -1,7 +1,8 @@
 """no_gradient: every parameter is accounted for. One that is trainable and in the optimizer
-yet never holds a gradient after backward does not learn: the graph is cut before it (a
-``.detach()``, ``torch.no_grad()``, ``.data``, a tensor rebuilt from numpy) while its module
-still runs. Frozen modules are ``frozen_module``'s.
+yet never holds a gradient after backward does not learn: its module runs, but nothing it
+computes reaches the loss — the graph is cut after it (a ``.detach()``, ``torch.no_grad()``,
+``.data``, a tensor rebuilt from numpy) or its output is computed and never used (a last
+residual branch nobody reads). Frozen modules are ``frozen_module``'s.
 
 Reads the recorder's ``param_coverage`` events (recorder/training/coverage.py): per
 parameter, whether it ever had a ``.grad``. Modules whose forward never ran are ``unused_module``'s.
@@ -25,16 +26,19 @@ DEFAULTS: dict[str, Any] = {
                      # stopped after its first step has not shown which branches train)
 }
 DOC = {
-    "meaning": "Trainable parameters in the optimizer never receive a gradient: the "
-               "computation graph is cut before them.",
+    "meaning": "Trainable parameters in the optimizer never receive a gradient: what "
+               "their module computes never reaches the loss (the graph is cut after it, "
+               "or its output is not used).",
     "rule": "the recorder's last param_coverage event lists parameters with requires_grad "
             "that are in the optimizer (or no optimizer is known) and whose .grad was None "
             "at every step it read, over at least min_steps recorded steps, and whose "
             "module's forward ran (else unused_module): warning, named by the highest "
             "module holding only such parameters.",
     "fixes": "Look for .detach(), torch.no_grad(), .data or a tensor rebuilt from "
-             ".item()/numpy between these modules and the loss; if they are meant not to "
-             "train, set requires_grad_(False) and leave them out of the optimizer.",
+             ".item()/numpy between these modules and the loss, or an output computed and "
+             "never used (use it, or drop the layer); if they are meant not to train, set "
+             "requires_grad_(False) and leave them out of the optimizer (DDP needs "
+             "find_unused_parameters=True otherwise).",
 }
 
 
@@ -76,7 +80,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                      f"({cov['numel']['no_grad']:,} values) that require grad"
                      + (" and are in the optimizer" if cov["optimizer_known"] else "")
                      + " had no .grad after any backward pass, although the module runs: "
-                     "the graph is cut before them, so they never learn."),
+                     "nothing it computes reaches the loss (the graph is cut after it, or "
+                     "its output is not used), so they never learn."),
             advice=DOC["fixes"], chart=anchors.GRAD_HEATMAP,
             evidence={"modules": mods[:20], "parameters": cut[:50], "count": len(cut),
                       "values": cov["numel"]["no_grad"],
