@@ -196,7 +196,6 @@ def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, win
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     total = None
     typical_total = typical_before = None
-    norms: tuple[np.ndarray, np.ndarray] | None = None  # (steps, total norms) finite, > 0
     r = _data.primary_rank(ctx, "grad_norm")
     thrown = loss_spike.batch_span(ctx)
     batch = None if thrown is None else thrown[0]
@@ -215,10 +214,6 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     # the model's usual gradient up to it: the batch may leave the model in another regime.)
     def extreme(x: Mapping[str, Any]) -> bool:
         usual = typical_before if batch is not None and x["onset"] < batch else typical_total
-        if norms is not None and x.get("until") is not None:  # (over its own story: a
-            # later regime, dead units' zero gradients or a later blow-up, is another's)
-            mine = norms[1][norms[0] <= x["until"]]
-            usual = float(np.median(mine)) if len(mine) else usual
         return usual is not None and x["held"] >= float(th.factor) * usual
 
     def real(x: Mapping[str, Any]) -> bool:
@@ -231,7 +226,6 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         given = d["grad_norm_given"]
         ok = np.isfinite(g) & (g > 0)
         typical_total = float(np.median(g[ok])) if ok.any() else None
-        norms = (d["step"][ok], g[ok])
         if batch is not None:  # the model's usual gradient before the batch threw the run
             ok &= d["step"] < batch
             typical_before = float(np.median(g[ok])) if ok.any() else None
