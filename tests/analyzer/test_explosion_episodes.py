@@ -135,3 +135,29 @@ def test_a_learning_rise_that_settled_is_not_the_start_of_a_later_explosion(tmp_
                    tensor_norm=norm)
     (f,) = [f for f in build_summary(run)["findings"] if f["id"] == "gradient_explosion"]
     assert 249 <= f["first_step"] <= 251, (f["first_step"], f["message"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_gradient_that_grew_while_the_loss_fell_for_a_window_is_not_an_explosion(
+        tmp_path, seed):
+    """y_vgg (held-out): a CNN's pre-clipping gradient norm grows x40 over steps 90-130 while
+    it learns from chance (1.39) to 0.65 by 180; an LR burst at step 200 throws the loss
+    x2000 and kills its units: the gradients collapse for the rest of the run, the loss at
+    chance. The early growth sits far above the run's median norm (dragged down by the dead
+    units), but the loss answered it by improving for a whole window: not the explosion."""
+    rng = np.random.default_rng(seed)
+    grow = 0.45 * np.exp(np.log(40) * np.clip((S - 90) / 40, 0, 1))
+    total = np.where(S < 200, grow, 1e-3) * _lognoise(rng, 0.4)
+    total[200] = 500.0
+    loss = np.where(S < 90, 1.386, np.maximum(0.65, 1.386 - 0.74 * (S - 90) / 90))
+    loss = np.where(S < 200, loss, 1.386) * _lognoise(rng, 0.05)
+    loss[200] = 1331.0
+
+    def norm(s, name, kind):
+        return 0.4 * total * _lognoise(rng, 0.3) if kind == "grad" else None
+
+    run = make_run(tmp_path, steps=N, loss=loss, lr=0.02, grad_norm=total, tensors=NAMES,
+                   tensor_norm=norm)
+    early = [f for f in build_summary(run)["findings"]
+             if f["id"] == "gradient_explosion" and f["first_step"] < 195]
+    assert not early, [(f["first_step"], f["message"]) for f in early]

@@ -164,13 +164,16 @@ def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window
 
 
 def _improved_for_a_window(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
-    """Did the loss keep improving for a window past the crossing: the growth's story (up
-    to the next episode, a batch, or the end) ran ``window`` steps beyond it, finite, and
-    the loss at its end sits clearly below its level before the onset? A level far above
-    the model's usual gradient is abnormal whatever the loss does *yet*; a window later the
-    loss has answered (a CNN's pre-clipping norm x40 while it learns from chance to 0.65)."""
+    """Did the loss keep improving while the gradient grew and after: the growth's story (up
+    to the next episode, a batch, or the end) ran ``window`` steps from its onset and past
+    its crossing, finite, and the loss at its end sits clearly below its level before the
+    onset? A level far above the model's usual gradient is abnormal whatever the loss does
+    *yet*; a window on, with the growth over, the loss has answered (a CNN's pre-clipping
+    norm x40 while it learns from chance to 0.65)."""
     until = res.get("until")
-    if until is None or until < res["cross"] + window or res.get("first_nonfinite") is not None:
+    if until is None or until < max(res["onset"] + window, res["cross"] + 1) or \
+            res.get("first_nonfinite") is not None or res.get("into_end"):
+        # (still growing into the end: the loss has not answered the growth yet)
         return False
     series = _data.finite_loss(ctx, 1)
     if series is None:
