@@ -79,6 +79,8 @@ class Shift:
     factor: float
     """The loss's factor (after / before)."""
     grad_factor: float
+    span: tuple[int, int] = (0, 0)
+    """First and last step of the windows compared (w valid points either side)."""
 
     def text(self) -> str:
         return (f"the loss and the gradient norm changed ×{self.factor:.3g} and "
@@ -163,7 +165,8 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         over = series[i] - _med(series[i - w:i]) - d
         if over > max(abs(d), 4 * se * np.sqrt(w / 2) / 1.25):
             return None
-    return Shift(int(idx[i]), int(step[idx[i]]), float(np.exp(dl)), float(np.exp(dg)))
+    return Shift(int(idx[i]), int(step[idx[i]]), float(np.exp(dl)), float(np.exp(dg)),
+                 (int(step[idx[max(0, i - w)]]), int(step[idx[min(n - 1, i + w - 1)]])))
 
 
 def _exact(lg: np.ndarray, gg: np.ndarray, i: int, w: int, se_l: float, se_g: float) -> int:

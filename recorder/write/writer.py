@@ -335,16 +335,16 @@ class Writer:
         but memory is bounded in bytes and rows; beyond that, the oldest batch of the table
         holding the most bytes is dropped, counted (per-tensor rows go first; every table
         keeps its newest rows)."""
-        bufs = [b for b in self.buffers.values() if b.failed]
-        nbytes = sum(t.nbytes for b in bufs for t in b.failed)
+        held = {b: sum(t.nbytes for t in b.failed) for b in self.buffers.values() if b.failed}
         rows = sum(b.rows for b in self.buffers.values())
-        while bufs and (nbytes > self.max_buffered_bytes or rows > self.max_buffered_rows):
-            buf = max(bufs, key=lambda b: sum(t.nbytes for t in b.failed))
+        while held and (sum(held.values()) > self.max_buffered_bytes
+                        or rows > self.max_buffered_rows):
+            buf = max(held, key=held.__getitem__)
             oldest = buf.failed[0]
             self.dropped[buf.name] += buf.drop_oldest(buf.rows - oldest.num_rows)
-            nbytes -= oldest.nbytes
+            held[buf] -= oldest.nbytes
             rows -= oldest.num_rows
-            bufs = [b for b in bufs if b.failed]
+            held = {b: n for b, n in held.items() if b.failed}
 
     def _check_run_dir(self) -> None:
         """A run directory deleted under a running recorder is written anew (the rank's

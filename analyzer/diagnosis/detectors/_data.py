@@ -57,7 +57,7 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
             # is judged on its new scale: the steps after it are divided by k
             sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
             if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh) \
-                    and _one_factor(ctx, d, sh):
+                    and _one_factor(ctx, sh):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],
                                             d["loss"][sh.index:] / sh.factor])
@@ -97,18 +97,15 @@ def _to_chance(ctx: Context, d: dict[str, np.ndarray], sh: Any) -> bool:
         lo * math.log(c) <= v <= hi * math.log(c) for v in settled)
 
 
-def _one_factor(ctx: Context, d: dict[str, np.ndarray], sh: Any) -> bool:
+def _one_factor(ctx: Context, sh: Any) -> bool:
     """Did every recorded tensor's gradient change by one factor at the shift, as a rescaled
     objective's do (stats/shift.one_factor)? The per-tensor norms over the shift's windows,
     of the rank the per-layer detectors read (all-reduced gradients are every rank's); True
     (the loss and total norm decide) when they were not recorded there."""
     t = tensor_rank(ctx)
-    w = max(10, int(np.isfinite(d["loss"]).sum()) // 20)  # (objective_shift's windows)
-    lo = int(d["step"][max(0, sh.index - w)])
-    hi = int(d["step"][min(len(d["step"]) - 1, sh.index + w - 1)])
     cols = ctx.arrays("SELECT name, step, norm FROM tensor_stats WHERE rank = ? AND "
                       "kind = 'grad' AND step BETWEEN ? AND ? AND isfinite(norm) AND norm > 0 "
-                      "ORDER BY name, step", [t, lo, hi]) if t is not None else {"name": []}
+                      "ORDER BY name, step", [t, *sh.span]) if t is not None else {"name": []}
     names = np.asarray(cols["name"], dtype=object)
     if not len(names):
         return True

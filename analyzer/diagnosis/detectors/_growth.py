@@ -141,23 +141,23 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
         if pending is not None:  # (a next onset placed back before its crossing: one
             # growth seen twice, its story runs on)
             at = int(np.searchsorted(step, onset))
-            yield _story(pending, step, x, xs, ends_nonfinite, th,
+            yield _story(pending, step, x, xs, ends_nonfinite, th, w,
                          min(pending["stop"], at) if at > pending["i"] else pending["stop"])
         pending = {"onset": onset, "cross": int(step[i]), "i": i, "lo": float(lo[i]),
                    "baseline": baseline, "start_x": start_x, "slope": float(slope),
-                   "stop": stop, "need": need, "w": w}
+                   "stop": stop}
         last = i
     if pending is not None:
-        yield _story(pending, step, x, xs, ends_nonfinite, th, pending["stop"])
+        yield _story(pending, step, x, xs, ends_nonfinite, th, w, pending["stop"])
 
 
 def _story(ep: dict[str, Any], step: np.ndarray, x: np.ndarray, xs: np.ndarray,
-           ends_nonfinite: bool, th: Thresholds, stop: int) -> dict[str, Any]:
+           ends_nonfinite: bool, th: Thresholds, w: int, stop: int) -> dict[str, Any]:
     """An episode as its judges read it: what it did up to ``stop`` (the index where its
     story ends: a batch that threw the run, the next episode's onset, else the series' end;
     a rise that settled, then a learning-rate jump 30 steps later, is judged on where it
     settled, not on the later blow-up)."""
-    i, need, w, baseline = ep["i"], ep["need"], ep["w"], ep["baseline"]
+    i, baseline, need = ep["i"], ep["baseline"], math.log(float(th.factor))
     stop = max(i + 1, stop)
     # back down to (near) the baseline for the rest of its story: the rise ended
     down = xs[i:stop] <= baseline + need / 2

@@ -140,22 +140,10 @@ def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window
     # (settled_at, when there is one, comes after the crossing)
     since = res["cross"] if res.get("end_level") is not None and (
         res["end_level"] <= res["held"] / math.sqrt(factor)) else res.get("settled_at")
-    series = _data.finite_loss(ctx, 1)
-    if since is None or series is None:
+    levels = _loss_levels(ctx, res, since) if since is not None else None
+    if levels is None:
         return False
-    _, step, loss = series
-    # the level the loss held when the growth began (before its onset: a sharp episode's
-    # own damage is no level it had reached) against its level at the end, two medians
-    # compared at two standard errors of their difference
-    at = loss[(step >= res["onset"] - 10) & (step < res["onset"])]
-    # its end: where its story ends (a later episode's damage is that one's)
-    until = min(int(res.get("until", step[-1])), int(step[-1]))
-    end = loss[(step >= max(since, until - max(10, len(step) // 10))) & (step <= until)]
-    if len(at) < 3 or len(end) < 3:
-        return False
-    noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
-    se = 1.25 * noise * math.sqrt(1 / len(at) + 1 / len(end))
-    before, after = float(np.median(at)), float(np.median(end))
+    before, after, se = levels
     if after < before - 2 * se:
         return True
     spikes = loss_spike.spike_steps(ctx)
@@ -175,17 +163,30 @@ def _improved_for_a_window(ctx: Context, res: Mapping[str, Any], window: int) ->
             res.get("first_nonfinite") is not None or res.get("into_end"):
         # (still growing into the end: the loss has not answered the growth yet)
         return False
+    levels = _loss_levels(ctx, res, None)
+    return levels is not None and levels[1] < levels[0] - 2 * levels[2]
+
+
+def _loss_levels(ctx: Context, res: Mapping[str, Any], since: int | None
+                 ) -> tuple[float, float, float] | None:
+    """(before, after, se): the loss's level when the growth began (the median of the 10
+    steps before its onset: a sharp episode's own damage is no level it had reached) and at
+    the end of its story (the median of its last tenth, from ``since`` on; a later
+    episode's damage is that one's), with the standard error of their difference (two
+    medians compared at two of them). None with fewer than 3 losses on either side."""
     series = _data.finite_loss(ctx, 1)
     if series is None:
-        return False
+        return None
     _, step, loss = series
     at = loss[(step >= res["onset"] - 10) & (step < res["onset"])]
-    end = loss[(step > until - max(10, len(step) // 10)) & (step <= until)]
+    until = min(int(res.get("until", step[-1])), int(step[-1]))
+    lo = until - max(10, len(step) // 10)
+    end = loss[(step >= (lo if since is None else max(since, lo))) & (step <= until)]
     if len(at) < 3 or len(end) < 3:
-        return False
+        return None
     noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
     se = 1.25 * noise * math.sqrt(1 / len(at) + 1 / len(end))
-    return float(np.median(end)) < float(np.median(at)) - 2 * se
+    return float(np.median(at)), float(np.median(end)), se
 
 
 def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
