@@ -3,7 +3,7 @@
 The detectors that date a change of regime take its onset from here or from the two
 structure modules beside it (gradient_explosion: :func:`hinge`, :func:`single_jump`;
 memory_leak and cuda_oom: :func:`regime_start`, :func:`steady_onset`, :func:`into_warmup`,
-:func:`filling`;
+``fill.filling``;
 loss_spike: ``periodic``; the step data every loss detector reads: ``shift``), so one
 principle dates them: an onset is the first step of the new regime, found on the series
 itself, never a threshold crossing some steps later. (loss_divergence dates its rise and
@@ -18,9 +18,10 @@ The kinds of change, each with its primitive:
   On a log series that is geometric growth (an exploding gradient norm); dated where the
   growth rate changed, step 0 when there is no calm prefix.
 * **drift** (:func:`regime_start`, :func:`steady_onset`, :func:`into_warmup`,
-  :func:`along_line`, :func:`filling`): a counter starts rising steadily (a leak's malloc'd
-  bytes): the rise that runs to the end, found walking back at its own rate; a rise whose
-  rate keeps falling is a cache filling, not a drift.
+  :func:`along_line`; ``fill.filling``, ``fill.new_keys``): a counter starts rising
+  steadily (a leak's malloc'd bytes): the rise that runs to the end, found walking back at
+  its own rate; a rise whose rate keeps falling, or that comes as a cache's ever rarer new
+  keys, is a cache filling, not a drift.
 * **departure** (:func:`departure`): a series leaves its best level for good (a loss that
   diverges after its best point); **settle** (:func:`settle`): a descent ends in a plateau.
 * **level shift** and **periodic pattern**: ``shift.objective_shift`` (every gradient and the
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import robust as _stats
+from .fill import filling
 
 
 @dataclass(frozen=True)
@@ -184,26 +186,6 @@ def along_line(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> i
     while i > 0 and lo - pad <= float(resid[i - 1]) <= hi + pad:
         i -= 1
     return int(step[i])
-
-
-def filling(y: np.ndarray, ratio: float) -> bool:
-    """Does the series of window floors ``y`` grow at a falling rate: its growth over the
-    last third under ``ratio`` × its growth over the first third, and no more than over the
-    middle third? (A fill slows all along; a fill that stopped, then a leak, grows faster
-    again at the end. Levels are medians of three floors, so one window's dip does not
-    decide it.)"""
-    n = len(y)
-    if n < 9:
-        return False
-
-    def level(i: int) -> float:
-        return float(np.median(y[max(0, i - 1):i + 2]))
-
-    a, b = n // 3, 2 * n // 3
-    first, mid, last = level(a) - level(1), level(b) - level(a), level(n - 2) - level(b)
-    return first > 0 and last < ratio * first and mid >= last
-
-
 
 
 def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tracealyze.analyzer.diagnosis import thresholds
 from tracealyze.analyzer.diagnosis.detectors import memory_leak
+from tracealyze.analyzer.stats import fill
 
 TH = thresholds.of(memory_leak)
 MB = 1 << 20
@@ -185,3 +186,74 @@ def test_a_faster_fill_before_a_leak_is_not_its_start(seed: int) -> None:
     val += 126 * MB - 2e9 + 110e3 * np.clip(step - 30, 0, 50)
     res = _heap(step, val)
     assert res is not None and abs(res["first_step"] - 149) <= 0.05 * 300, res["first_step"]
+
+
+def long_tail_cache(n: int, seed: int, entry: float = 1.6 * MB) -> tuple[np.ndarray, np.ndarray]:
+    """oneDNN's kernel cache under a mixture of experts: each step routes 512 tokens over 8
+    experts, and each expert's token count (Binomial(512, 1/8): 64 ± 7.5) is a matmul shape;
+    a count not seen before adds one entry (its forward and backward kernels). The common
+    counts fill within tens of steps, then ever rarer ones from the distribution's tails
+    arrive now and then all run long: most steps add nothing."""
+    rng = np.random.default_rng(seed)
+    seen: set[int] = set()
+    val = np.empty(n)
+    level = 500 * MB
+    for i in range(n):
+        for k in rng.binomial(512, 1 / 8, 8):
+            if int(k) not in seen:
+                seen.add(int(k))
+                level += entry
+        val[i] = level + rng.normal(0, 1024)
+    return np.arange(n), val
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_long_tailed_cache_is_not_a_leak(seed: int) -> None:
+    # after the fast fill its rare keys keep arriving at a steady trickle: the last third
+    # grows about as much as the middle one (by chance more, in half the seeds), but in
+    # entries at irregular steps, a tenth of the first third's growth
+    step, val = long_tail_cache(300, seed)
+    assert val[-1] - val[30] > 8 * MB  # past the warm-up it grows past every size threshold
+    assert _heap(step, val) is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("onset", [130, 150])
+def test_a_steady_leak_after_a_long_tailed_cache_is_still_a_leak(onset: int, seed: int) -> None:
+    # the same cache, and a tensor a step (120 KiB) kept from ``onset``: it rises at every
+    # step, not sporadically, so the fill's falling rate does not excuse it
+    step, val = long_tail_cache(300, seed)
+    val = val + 120 * 1024 * np.clip(step - onset + 1, 0, None)
+    res = _heap(step, val)
+    assert res is not None and abs(res["first_step"] - (onset - 1)) <= 0.05 * 300
+    at = int(res["first_step"])
+    assert abs(res["start"] - val[at]) < 4 * MB  # "since step N, from A": A is the level at N
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_leak_every_ten_steps_after_a_fill_is_still_a_leak(seed: int) -> None:
+    # 1.6 MB kept every 10th step from step 150 (an eval's outputs appended to a list): its
+    # rises are few but evenly spaced, a loop's cadence, not a cache's new keys
+    step, val = long_tail_cache(300, seed)
+    val = val + 1.6 * MB * ((step - 150) // 10 + 1).clip(0, None)
+    assert _heap(step, val) is not None
+
+
+def test_new_keys_reads_cadence_share_and_thinning() -> None:
+    rng = np.random.default_rng(0)
+    step = np.arange(300)
+    noise = rng.normal(0, 1024, 300)
+    floor = float(TH.min_slope_bytes)
+    assert not fill.new_keys(120e3 * step + noise, floor)  # a tensor a step
+    assert not fill.new_keys(1.6 * MB * (step // 10) + noise, floor)  # every 10th step
+    # entries at random steps, as often late as early: a leak on a condition, no cache
+    uniform = np.sort(rng.choice(300, 20, replace=False))
+    assert not fill.new_keys(1.6 * MB * np.searchsorted(uniform, step, side="right")
+                              + noise, floor)
+    # ever rarer: 16 in the first 60 steps, then 4 over the other 240
+    thinning = np.sort(np.r_[rng.choice(60, 16, replace=False),
+                             60 + rng.choice(240, 4, replace=False)])
+    assert fill.new_keys(1.6 * MB * np.searchsorted(thinning, step, side="right")
+                          + noise, floor)
+    # a drift under RSS-like noise: its few large changes are noise, not its growth
+    assert not fill.new_keys(20e3 * step + rng.normal(0, 300e3, 300), floor)

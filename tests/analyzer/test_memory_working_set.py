@@ -96,6 +96,29 @@ def test_a_fill_through_the_profiler_window_keeps_its_steps(seed):
     assert np.setdiff1d(s, kept_steps).tolist() == list(range(49, 62))  # (the window, settling)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_leaks_passing_fall_is_not_the_recorder_freeing_its_profiler(seed):
+    """The held-out hook-per-step leak: the profiler window at 49-51 left 160 KiB, the leak
+    (73 KiB a step from step 100) later grew a list into a new block, +465 KiB then -225 KiB,
+    380 steps on. That fall is half the profiler's level but the heap is back above it at
+    the next step: not the recorder freeing its trace. Read as one, the discount dropped
+    steps 49-431 and the leak's growth read as "the working set" of slower steps."""
+    rng = np.random.default_rng(95 + seed)
+    s = np.arange(N)
+    heap = 1.27e8 + rng.normal(0, 500, N) + 73e3 * np.clip(s - 99, 0, None)
+    heap[50:] += 160e3
+    heap[431:] += 465e3
+    heap[432:] -= 225e3
+    kept_steps, _ = discount(s, heap, [(49, 51)])
+    assert np.setdiff1d(s, kept_steps).tolist() == list(range(49, 62))
+    # a fall that stays down is the recorder's: the steps that held its level are skipped
+    freed = 1.27e8 + rng.normal(0, 500, N)
+    freed[50:] += 160e3
+    freed[90:] -= 160e3
+    kept_steps, _ = discount(s, freed, [(49, 51)])
+    assert np.setdiff1d(s, kept_steps).tolist() == list(range(49, 90))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_rss_growing_while_the_heap_in_use_is_flat_is_info(tmp_path, seed):
     """RSS creeps 0.4 MiB a step while malloc's heap in use, recorded beside it, is flat:

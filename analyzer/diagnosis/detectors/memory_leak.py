@@ -8,19 +8,20 @@ Mann–Kendall test; a practical size threshold keeps tiny slow drifts out.
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ...stats import robust as _stats
-from ...stats.onset import along_line, filling, into_warmup, regime_start, steady_onset
+from ...stats.fill import filling, new_keys
+from ...stats.onset import along_line, into_warmup, regime_start, steady_onset
 from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
 from . import _data
+from ._profwin import discount, profiler_windows
 from ._workset import (
     WORK_GROWTH,
     every_step_new,
@@ -66,7 +67,8 @@ DOC = {
     "rule": "Theil–Sen slope of the per-window memory floor after warm-up is positive, "
             "significant (Mann–Kendall p < max_p), still rising in the last half, not "
             "slowing down as a cache filling does (the last third's growth at least "
-            "fill_ratio × the first third's), and the "
+            "fill_ratio × the first third's) nor taking a cache's new keys (rises at few "
+            "samples, at irregular gaps, ever rarer: stats/fill.new_keys), and the "
             "growth exceeds min_growth_bytes and min_growth_frac; projected steps to OOM when "
             "the device capacity is known. Host: heap_bytes net of the recorder's own rows "
             "buffered for its next flush (malloc in use: no allocator "
@@ -81,7 +83,8 @@ DOC = {
             "or the step before its first steadily rising increment within two windows. "
             "The recorder's own profiler windows are discounted: their steps are skipped and "
             "the level the profiler kept (when it stands 3 robust sigmas out of the steps' "
-            "own changes) is subtracted from what follows, until the recorder frees it. "
+            "own changes) is subtracted from what follows, until the recorder frees it (a "
+            "fall of half that level that stays down, net of the trend: _profwin.py). "
             "Info, not a leak: a rise at least WORK_GROWTH of which comes where the work per "
             "step (tokens, else the step time) set a new high (the working set of longer "
             "sequences or larger images: _workset.py), RSS growing while the heap in "
@@ -131,7 +134,9 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
     bar = max(th.min_growth_bytes if min_growth is None else min_growth,
               (th.min_growth_frac if min_frac is None else min_frac) * max(start, 1.0))
     if not (slope >= th.min_slope_bytes and z > 0 and p < th.max_p and growth >= bar
-            and tail_slope >= th.tail_ratio * slope and not filling(y, float(th.fill_ratio))):
+            and tail_slope >= th.tail_ratio * slope
+            and not filling(y, float(th.fill_ratio))
+            and not new_keys(val, float(th.min_slope_bytes))):
         return None
     # onset: the change point of the window floors, where a level (flat, or the end of a
     # warm-up that filled and stopped) turns into the rise that lasts to the end (the onset
@@ -179,78 +184,14 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
                    along_line(step, val, first, slope))
         if back < first:  # its level and growth from there, as the message quotes them
             first, start = back, float(val[int(np.searchsorted(step, back))])
+    else:  # "since step N ... from A to B": A is the level at N, not at the analysed start
+        start = float(v[min(int(np.searchsorted(s, first)), len(v) - 1)])
     # the growth quoted is the message's own "from start to end"
     growth = max(float(y[-1]) - start, 0.0)
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
             "first_step": first, "last_step": int(s[-1]), "steps": len(s),
             "with_work": share_with_work(x, y, work) if work is not None else 0.0,
             "shapes": None}
-
-
-SETTLE = 10
-"""Steps after a profiler window before its memory is read as settled."""
-
-
-def profiler_windows(ctx: Context) -> dict[int, list[tuple[int, int]]]:
-    """rank -> (first, last) step of each profiler window the recorder opened (its
-    ``profiler_window`` events; fields checked, the run is untrusted)."""
-    out: dict[int, list[tuple[int, int]]] = {}
-    for rank, text in ctx.rows("SELECT rank, details FROM events "
-                               "WHERE kind = 'profiler_window'"):
-        try:
-            d = json.loads(text) if isinstance(text, str) else {}
-        except ValueError:
-            continue
-        a, b = (d.get("first_step"), d.get("last_step")) if isinstance(d, dict) else (0, 0)
-        if isinstance(a, int) and isinstance(b, int) and 0 <= a <= b:
-            out.setdefault(int(rank), []).append((a, b))
-    return out
-
-
-def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """The recorder's own memory taken out: each profiler window's steps (and SETTLE after)
-    are dropped, and the level its profiler kept (the settled median after it minus the
-    median before it and the training's own trend over the gap, when positive) is
-    subtracted from every later value; when the recorder frees it later (the trace written:
-    a step that falls by half that level at once), the steps up to then are dropped
-    instead. What the
-    profiler keeps is a one-off step in the floor, and it is the recorder's, not the
-    training's."""
-    val = val.astype(np.float64).copy()
-    keep = np.ones(len(step), dtype=bool)
-    for a, b in sorted(windows):
-        ok = np.isfinite(val)
-        pre_at = ok & (step >= a - SETTLE) & (step < a)
-        post_at = ok & (step > b + SETTLE) & (step <= b + 2 * SETTLE)
-        pre, post = val[pre_at], val[post_at]
-        if len(pre) and len(post):
-            # less what the training's own trend added over the gap (a leak running
-            # through the window is not the profiler's): the least-squares slope on either
-            # side (a cache filling in bursts, most steps adding nothing, has a median
-            # change of 0 and its growth over the gap read as the profiler's), averaged,
-            # times the distance between the two medians' steps
-            sides = [float(np.polyfit(step[m].astype(np.float64), val[m], 1)[0])
-                     for m in (pre_at, post_at) if m.sum() > 2]
-            trend = float(np.mean(sides)) if sides else 0.0
-            gap = float(np.median(step[post_at]) - np.median(step[pre_at]))
-            kept = max(0.0, float(np.median(post)) - float(np.median(pre)) - trend * gap)
-            # a level the profiler kept stands out of the steps' own changes (3 robust
-            # sigmas of them on either side); a few KiB of noise is no level, and taking it
-            # for one made any later fall of that size "the recorder freeing it"
-            noise = _stats.mad_sigma(np.concatenate([np.diff(val[m]) for m in (pre_at, post_at)
-                                                     if m.sum() > 1] or [np.zeros(0)]))
-            kept = kept if kept > max(3 * noise, 1.0) else 0.0  # (under a byte: rounding)
-            # until the recorder frees it (the trace written, tens of steps later): the
-            # first later step whose value falls by half of it at once
-            after = np.flatnonzero(ok & (step > b + SETTLE))
-            drops = after[1:][np.diff(val[after]) <= -kept / 2] if kept > 0 else after[:0]
-            if len(drops):  # freed: the steps that held it are skipped, nothing moved
-                keep &= ~((step >= a) & (step < step[drops[0]]))
-            else:
-                val[step > b] -= kept
-        keep &= ~((step >= a) & (step <= b + SETTLE))
-    return step[keep], val[keep]
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
