@@ -65,8 +65,9 @@ def single_jump(x: np.ndarray, j: int, i: int, need: float, w: int, end: int) ->
     The step that takes the series out of its baseline for good (every point from it to
     ``end`` above the range of the ``w`` points before the onset) must itself rise by the
     factor, from a point still inside that range; or, once out of it, the largest one-step
-    rise by the factor from a point within half the factor of the range (a noise blip just
-    over the range the step before the jump: 0.38 -> 1.07 -> 5.5e7). A growth, however fast
+    rise by the factor from a point within half the factor of the range, at the step that
+    leaves it or the next (a noise blip just over the range the step before the jump: 0.38
+    -> 1.07 -> 5.5e7). A growth, however fast
     (3.5, 5.5, 12, 273, 5e3 from step 0), has left the range of its first points before its
     largest step, and keeps its onset; a noisy bias gradient (0.002 to 0.3 from step to
     step) stays inside its range until the jump."""
@@ -80,7 +81,10 @@ def single_jump(x: np.ndarray, j: int, i: int, need: float, w: int, end: int) ->
     e = j + (int(below[-1]) + 1 if len(below) else 0)
     if not j < e < end:
         return j
-    ks = np.arange(e, end)
+    # the jump leaves the range at once, or right after one blip: a series that has been out
+    # of its range for steps (a warm-up to a 10x LR: x3.7, x1.5, x10 over eight steps) is
+    # growing already, and its largest step is one step of that growth
+    ks = np.arange(e, min(end, e + 2))
     rise = np.where(x[ks - 1] <= top + need / 2, x[ks] - x[ks - 1], -np.inf)
     k = int(ks[int(np.argmax(rise))])
     return k if x[k] - x[k - 1] >= need and x[k - 1] <= top + need / 2 else j

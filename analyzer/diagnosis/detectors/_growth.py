@@ -122,8 +122,15 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
             onset, start_x = int(all_step[k]), float(all_x[k])
             # no level before it: its baseline is where it started
             baseline = min(baseline, start_x)
+        elif slope > 0 and _no_calm_prefix(all_step, all_x, onset, th):
+            onset, start_x = int(all_step[0]), float(all_x[0])
+            baseline = min(baseline, start_x)
+            jump = j  # (no baseline for a jump to leave: one more steep step of the rise)
         if jump > j:  # dated to the jump, from the level before it; crossed there at once
             onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
+            if _no_calm_prefix(all_step, all_x, onset, th):  # no level to leave
+                onset, start_x = int(all_step[0]), float(all_x[0])
+                baseline = min(baseline, start_x)
         # a growth that reached its size only after a batch threw the run began with the
         # batch (bad batch -> spike -> explosion): before it, the series had not risen by
         # the factor from where the onset put it (an MoE expert's gradient drifting x2 while
@@ -199,3 +206,23 @@ def _paused(rest: np.ndarray, need: float, w: int) -> bool:
     held = np.abs(np.median(win[:, h:], axis=1) - np.median(win[:, :h], axis=1)) < need / 4
     flat = held & (win.max(axis=1) < top - need)
     return bool(flat.any())
+
+
+def _no_calm_prefix(step: np.ndarray, x: np.ndarray, onset: int,
+                    th: Thresholds) -> bool:
+    """Was there no calm level before ``onset``: the log norms from the run's first point
+    up to it (at least min_points) rise significantly (Mann–Kendall p < 0.01) at explosion
+    speed (ln(factor) per ``window`` steps, the detector's own growth, or more; a model's
+    norms drifting up while it learns rise ten times slower; a fast rise from a tiny
+    initial level that then settled is no rate of the whole prefix: Theil–Sen's median
+    slope is the calm part's)? A textbook explosion grows from step 0 (issue 45), and a
+    noisy one (a 16-block residual MLP at too high an LR: the norm x3 up and down from step
+    to step while its 20-step medians go 26 -> 650 -> 2e4) has no single point where a
+    flat level turns into the rise: its change point is wherever the noise put the last dip
+    (step 29 of a growth from step 1). The growth is then dated from the run's start."""
+    pre = step < onset
+    if int(pre.sum()) < int(th.min_points):
+        return False
+    z, p = _stats.mann_kendall(x[pre])
+    rate, _ = _stats.theil_sen(step[pre].astype(float), x[pre])
+    return z > 0 and p < 0.01 and rate >= math.log(float(th.factor)) / float(th.window)

@@ -9,7 +9,7 @@ typically many steps before the first NaN.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,10 @@ DOC = {
             "the onset (with or without clipping: a new head's gradient surges once at the "
             "peak learning rate and settles at its new level). Each series is read episode "
             "by episode (a later one rises from a minimum after the earlier one's crossing; "
-            "each is judged on what it did before the next one's onset; "
+            "each is judged on what it did before the next one's onset — a burst that "
+            "settled back to its baseline, on through the later episodes that are no "
+            "explosion either, judged from the last back: what repeated bursts left shows "
+            "once they are over; "
             "an episode that held its level for a window, a factor below where the series "
             "ended, did not grow into that end or its NaN: the later rise did), "
             "the first that is an explosion reported; an episode that began before a batch "
@@ -63,17 +66,22 @@ DOC = {
             "before it. The onset is the "
             "change point of the smoothed log norm (best flat-then-rising fit), or the one "
             "step that takes the raw norm out of its baseline's range for good by ln(factor) "
-            "(from inside the range, or from within half the factor of it: a noise blip "
-            "just before the jump) "
+            "(from inside the range, or from within half the factor of it at the step "
+            "after the one that left it: a noise blip just before the jump; a series out of "
+            "its range for longer is growing already) "
             "(a batch that threw the run), or that batch's step (loss_spike's batch event) "
             "when the growth reached its size only after it (before it, the smoothed norm "
             "had not risen by ln(factor) from the onset), or the run's start when the "
-            "prefix before it is too short to be a baseline and went up; first_step that "
+            "prefix before it is too short to be a baseline and went up, or rose all along "
+            "at explosion speed (ln(factor) per window, Mann–Kendall p < 0.01: no calm "
+            "level; a jump is then one more step of the rise); first_step that "
             "onset or the "
             "learning-rate jump just before it; a gradual LR rise into it is named as the "
             "cause. A first gradient factor² above the run's later median beyond what the "
             "loss's own fall explains is an explosion at the start (_at_start.py). Subject: "
-            "the tensor with the largest growth against its own baseline (from its start, "
+            "the tensor that grew by the factor before any other began to grow (it leads: "
+            "an RNN's recurrent weight), else the tensor with the largest growth against "
+            "its own baseline (from its start, "
             "for a growth from the run's start), the recurrent weight of a recurrent "
             "network's explosion at the start, or the total norm when at least BROAD of "
             "the tensors explode.",
@@ -189,6 +197,25 @@ def _loss_levels(ctx: Context, res: Mapping[str, Any], since: int | None
     return float(np.median(at)), float(np.median(end)), se
 
 
+def first_real(eps: list[dict[str, Any]], real: Callable[[Mapping[str, Any]], bool],
+               batch: int | None) -> dict[str, Any] | None:
+    """The first of one series' episodes that is an explosion (``real``). Judged from the
+    last back: a burst whose norms settled back to their baseline, followed by an episode
+    that is no explosion either, is judged with its story running on through that one (and
+    the ones it ran through): a flow or a GAN bursts again and again, each burst cutting the
+    last one's story short of the steps where its loss had come back, and what a burst left
+    shows once the later bursts, themselves harmless, are over. Never across a batch that
+    threw the run (what follows it is the batch's)."""
+    verdict = [False] * len(eps)
+    for i in range(len(eps) - 1, -1, -1):
+        ep = eps[i]
+        if (i + 1 < len(eps) and not verdict[i + 1] and ep.get("settled_at") is not None
+                and not (batch is not None and ep["onset"] < batch <= eps[i + 1]["until"])):
+            ep["until"] = eps[i + 1]["until"]
+        verdict[i] = real(ep)
+    return next((ep for ep, v in zip(eps, verdict, strict=True) if v), None)
+
+
 def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
                    th: Thresholds, onset_min: int = 0, batch: int | None = None
                    ) -> dict[str, Any] | None:
@@ -239,19 +266,19 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         cut = bad[0] if len(bad) else len(g)
         # the first episode that is an explosion (a learning transition before a batch that
         # threw the run is not; the batch's own episode may be)
-        for ep in _growth.find_explosions(d["step"][:cut], logn[:cut], bool(len(bad)), win,
-                                          th, onset_min, batch):
+        eps = list(_growth.find_explosions(d["step"][:cut], logn[:cut], bool(len(bad)), win,
+                                           th, onset_min, batch))
+        for ep in eps:
             ep["first_nonfinite"] = _nan_after(ep, int(d["step"][bad[0]]) if len(bad)
                                                else None, win)
-            if real(ep):
-                total = ep
-                break
+        total = first_real(eps, real, batch)
     layers = []
     tb = _data.tensor_buckets(ctx)
     size = tb["bucket_size"]
     for name, s in _data.series_of(ctx, "grad").items():
         bad = np.flatnonzero(s["n_nonfinite"] > 0)
         cut = bad[0] if len(bad) else len(s["step0"])
+        eps = []
         for res in _growth.find_explosions(
                 s["step0"][:cut].astype(np.int64), s["log_norm"][:cut], bool(len(bad)),
                 max(2, win // size), th, onset_min, batch):
@@ -266,20 +293,31 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             res["may_end_in_nan"] = big
             res["first_nonfinite"] = _nan_after(
                 res, int(s["first_nonfinite"][bad[0]]) if len(bad) and big else None, win)
-            if real(res):
-                layers.append(res)
-                break
+            eps.append(res)
+        hit = first_real(eps, real, batch)
+        if hit is not None:
+            layers.append(hit)
     if total is None and not layers:
         start = _at_start.explosion_at_start(ctx, th)  # exploded before any level to grow
         return [_at_start.finding(ctx, start, ID, DOC["fixes"])] if start else []
     # The subject: the tensor whose norm grew most against its own baseline (the first in
     # model order is often the embedding, which the growth reaches last, not first), or the
     # total when the growth is broad (at least BROAD of the tensors).
+    # A tensor that grew by the factor before any other began to grow leads, broad or not
+    # (an RNN's recurrent weight: the readout's and input weights' gradients only follow it
+    # into the blow-up), and is named first.
     for x in layers:
         x["growth"] = x["max"] / max(x["baseline"], 1e-30)
     layers.sort(key=lambda x: -x["growth"])
+    lead = min(layers, key=lambda x: x["onset"]) if len(layers) > 1 else None
+    if lead is not None and all(x["onset"] >= lead["cross"] for x in layers if x is not lead):
+        layers.remove(lead)
+        layers.insert(0, lead)
+    else:
+        lead = None
     n_tensors = max(1, len(_data.series_of(ctx, "grad")))
-    broad = total is not None and (not layers or len(layers) >= BROAD * n_tensors)
+    broad = total is not None and lead is None and (
+        not layers or len(layers) >= BROAD * n_tensors)
     main = total if total is not None else layers[0]
     first = main["onset"] if broad else min(
         [main["onset"], layers[0]["onset"]])
@@ -295,7 +333,12 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
               f"grew from {main['from']:.3g} at step {main['onset']} to {main['to']:.3g} by "
               f"step {main['cross']}") + f"{because}"
            + (f", and went nonfinite at step {nan_at}" if nan_at is not None else "") + ".")
-    if layers:
+    if lead is not None:
+        msg += (f" {len(layers)} tensor(s) explode, led by {lead['name']} (from step "
+                f"{lead['onset']}, ×{float(th.factor):.3g} by step {lead['cross']}, before "
+                f"any other began to grow; the others from step "
+                f"{min(x['onset'] for x in layers[1:])}).")
+    elif layers:
         msg += (f" {len(layers)} tensor(s) explode; most, against its own baseline: "
                 f"{layers[0]['name']} (×{layers[0]['growth']:.3g}, from step "
                 f"{layers[0]['onset']}).")
