@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tracealyze.analyzer.diagnosis import thresholds
+from tracealyze.analyzer.diagnosis.detectors import _growth, gradient_explosion
 from tracealyze.analyzer.diagnosis.summary import build_summary
 
 from tests.runfactory import make_run
@@ -55,3 +57,23 @@ def test_bursts_after_which_the_loss_ends_worse_are_an_explosion(tmp_path, seed)
     hits = _explosions(_flow_run(tmp_path, seed, end_loss=3.4))
     assert len(hits) == 1 and hits[0]["severity"] == "error"
     assert hits[0]["first_step"] in range(BURSTS[0] - 2, BURSTS[-1] + 3), hits[0]["first_step"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_loss_jump_at_the_growths_culmination_does_not_end_its_story(seed):
+    """ab_fullbatch (held-out): full-batch GD after a warm restart; the gradient norm grows
+    25% a step from step 277 to x30 at 296 and falls back by 316; the loss jumps x2.4 at 297,
+    which loss_spike reads as a batch that threw the run. That jump came with the growth, at
+    its peak, while it was still rising: the growth's own consequence, so the growth's story
+    runs on past it (to where the loss came back). A level reached 70 steps before a jump
+    and held there, noise and all, is no culmination: its story ends at the jump."""
+    rng = np.random.default_rng(seed)
+    s = STEP.astype(float)
+    up = np.log(30) * np.exp(-0.5 * ((s - 296) / np.where(s < 296, 7.0, 8.0)) ** 2)
+    x = np.log(0.0085) + up + rng.normal(0, 0.01, N)
+    th = thresholds.of(gradient_explosion)
+    eps = list(_growth.find_explosions(STEP, x, False, 50, th, 50, batch=297))
+    assert eps and eps[0]["onset"] in range(270, 292) and eps[0]["until"] > 310, eps[:1]
+    held = np.log(0.45) + np.log(40) * np.clip((s - 90) / 40, 0, 1) + rng.normal(0, 0.4, N)
+    eps = list(_growth.find_explosions(STEP, held, False, 50, th, 50, batch=200))
+    assert eps and eps[0]["until"] < 200, eps[:1]

@@ -144,7 +144,18 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
         # own episode; and up to the next episode's onset (below), which is that one's
         stop = len(xs)
         if batch is not None and onset < batch:
-            stop = max(i + 1, int(np.searchsorted(step, batch)))
+            b = int(np.searchsorted(step, batch))
+            # unless the loss jumped at the culmination of a growth that had crossed before
+            # it: still up since the crossing and at its peak within a few points of the
+            # jump (a full-batch catapult: the norm x30 from step 280, peaking at 296, the
+            # loss x2.4 at 297) — the growth's own consequence, not a batch from outside (a
+            # level reached 70 steps earlier and held, noise and all, is no culmination: an
+            # LR burst then is)
+            peak_at = i + int(np.argmax(xs[i:b + 1])) if i < b < len(xs) else -1
+            if not (i + int(th.sustain) < b < len(xs) and peak_at >= b - int(th.sustain) - 2
+                    and bool(np.all(xs[i:b + 1] >= baseline + need / 2))
+                    and _still_rising(x[i:b + 1])):
+                stop = max(i + 1, b)
         if pending is not None:  # (a next onset placed back before its crossing: one
             # growth seen twice, its story runs on)
             at = int(np.searchsorted(step, onset))
@@ -226,3 +237,12 @@ def _no_calm_prefix(step: np.ndarray, x: np.ndarray, onset: int,
     z, p = _stats.mann_kendall(x[pre])
     rate, _ = _stats.theil_sen(step[pre].astype(float), x[pre])
     return z > 0 and p < 0.01 and rate >= math.log(float(th.factor)) / float(th.window)
+
+
+def _still_rising(x: np.ndarray) -> bool:
+    """Does a raw log-norm stretch still rise (Mann–Kendall z > 0, p < 0.05): a growth going
+    on, not a level it reached and holds?"""
+    if len(x) < 4:
+        return False
+    z, p = _stats.mann_kendall(x)
+    return z > 0 and p < 0.05
