@@ -122,15 +122,16 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
             onset, start_x = int(all_step[k]), float(all_x[k])
             # no level before it: its baseline is where it started
             baseline = min(baseline, start_x)
-        elif slope > 0 and _no_calm_prefix(all_step, all_x, onset, th):
+        # no calm level before the rise (nor before a jump: it is then one more steep step
+        # of the rise, with no baseline to leave): dated from the run's start
+        no_calm = j > 0 and slope > 0 and _no_calm_prefix(all_step, all_x, onset, th)
+        if jump > j and not no_calm:  # dated to the jump, from the level before it;
+            # crossed there at once
+            onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
+            no_calm = _no_calm_prefix(all_step, all_x, onset, th)
+        if no_calm:
             onset, start_x = int(all_step[0]), float(all_x[0])
             baseline = min(baseline, start_x)
-            jump = j  # (no baseline for a jump to leave: one more steep step of the rise)
-        if jump > j:  # dated to the jump, from the level before it; crossed there at once
-            onset, start_x, i = int(step[jump]), float(x[jump - 1]), max(i, jump)
-            if _no_calm_prefix(all_step, all_x, onset, th):  # no level to leave
-                onset, start_x = int(all_step[0]), float(all_x[0])
-                baseline = min(baseline, start_x)
         # a growth that reached its size only after a batch threw the run began with the
         # batch (bad batch -> spike -> explosion): before it, the series had not risen by
         # the factor from where the onset put it (an MoE expert's gradient drifting x2 while
@@ -151,10 +152,7 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
             # loss x2.4 at 297) — the growth's own consequence, not a batch from outside (a
             # level reached 70 steps earlier and held, noise and all, is no culmination: an
             # LR burst then is)
-            peak_at = i + int(np.argmax(xs[i:b + 1])) if i < b < len(xs) else -1
-            if not (i + int(th.sustain) < b < len(xs) and peak_at >= b - int(th.sustain) - 2
-                    and bool(np.all(xs[i:b + 1] >= baseline + need / 2))
-                    and _still_rising(x[i:b + 1])):
+            if not _culminates(x, xs, i, b, baseline + need / 2, int(th.sustain)):
                 stop = max(i + 1, b)
         if pending is not None:  # (a next onset placed back before its crossing: one
             # growth seen twice, its story runs on)
@@ -239,10 +237,16 @@ def _no_calm_prefix(step: np.ndarray, x: np.ndarray, onset: int,
     return z > 0 and p < 0.01 and rate >= math.log(float(th.factor)) / float(th.window)
 
 
-def _still_rising(x: np.ndarray) -> bool:
-    """Does a raw log-norm stretch still rise (Mann–Kendall z > 0, p < 0.05): a growth going
-    on, not a level it reached and holds?"""
-    if len(x) < 4:
+def _culminates(x: np.ndarray, xs: np.ndarray, i: int, b: int, up: float, sustain: int
+                ) -> bool:
+    """Does the growth that crossed at index ``i`` culminate at ``b`` (where the loss
+    jumped): ``b`` past its sustain points, the smoothed series ``xs`` above ``up`` from the
+    crossing to ``b`` and at its peak within a few points of it, and the raw log norms ``x``
+    still rising over that stretch (Mann–Kendall z > 0, p < 0.05: a growth going on, not a
+    level it reached and holds)?"""
+    if not (i + sustain < b < len(xs)) or not bool(np.all(xs[i:b + 1] >= up)):
         return False
-    z, p = _stats.mann_kendall(x)
+    if i + int(np.argmax(xs[i:b + 1])) < b - sustain - 2:
+        return False
+    z, p = _stats.mann_kendall(x[i:b + 1])
     return z > 0 and p < 0.05

@@ -37,10 +37,9 @@ def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
     are dropped, and the level its profiler kept (the settled median after it minus the
     median before it and the training's own trend over the gap, when positive) is
     subtracted from every later value; when the recorder frees it later (the trace written:
-    a step that falls by half that level at once), the steps up to then are dropped
-    instead. What the
-    profiler keeps is a one-off step in the floor, and it is the recorder's, not the
-    training's."""
+    a step that falls by half that level at once and stays down), the steps up to then are
+    dropped instead. What the profiler keeps is a one-off step in the floor, and it is the
+    recorder's, not the training's."""
     val = val.astype(np.float64).copy()
     keep = np.ones(len(step), dtype=bool)
     for a, b in sorted(windows):
@@ -69,9 +68,9 @@ def discount(step: np.ndarray, val: np.ndarray, windows: list[tuple[int, int]]
             # first later step whose value falls by half of it at once, and stays down
             after = np.flatnonzero(ok & (step > b + SETTLE))
             drops = after[1:][np.diff(val[after]) <= -kept / 2] if kept > 0 else after[:0]
-            drops = [i for i in drops if _stays_down(step, val, i, kept / 2)][:1]
-            if drops:  # freed: the steps that held it are skipped, nothing moved
-                keep &= ~((step >= a) & (step < step[drops[0]]))
+            freed = next((i for i in drops if _stays_down(step, val, i, kept / 2)), None)
+            if freed is not None:  # the steps that held it are skipped, nothing moved
+                keep &= ~((step >= a) & (step < step[freed]))
             else:
                 val[step > b] -= kept
         keep &= ~((step >= a) & (step <= b + SETTLE))
