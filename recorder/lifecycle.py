@@ -16,13 +16,11 @@ the optimizer (and on ``GradScaler.unscale_``). A framework integration, or a lo
    optimizer steps (gradient accumulation), the calls are folded into one step.
 
 Each call is cheap, never syncs with the device, and never raises.
-
-:class:`StepLifecycle` is the collaborator that carries these calls out: the Recorder makes
-one in its constructor from the parts it wires (the gradient reader, the writer, the memory
-probe, the run directory) and forwards its public lifecycle calls and the optimizer, scaler
-and clipping hooks to it. The open and the pending step live in its
-:class:`~.stepstate.StepMachine`; the committed step leaves it as a
-:class:`~.capture.StepItem` (plain data) for the writer.
+:class:`StepLifecycle` is the collaborator that carries these calls out: the Recorder makes one in
+its constructor from the parts it wires (the gradient reader, the writer, the memory probe, the run
+directory) and forwards its public lifecycle calls and the optimizer, scaler and clipping hooks to
+it. The open and the pending step live in its :class:`~.stepstate.StepMachine`; the committed step
+leaves it as a :class:`~.capture.StepItem` (plain data) for the writer.
 """
 
 from __future__ import annotations
@@ -244,6 +242,7 @@ class StepLifecycle:
             if complete and not acc.grads_captured:
                 self._reader.capture(acc)
             nxt = self._steps.ended(acc, complete=complete)
+            self.shapes.step_started()  # (its first forward's input shapes: shapes.py)
             if self.act is not None and self.config.activation_stats_every:
                 self.act.next_step(nxt.step)
             if self.profiler is not None:
@@ -349,8 +348,9 @@ class StepLifecycle:
             self.commit(pending)
         if self.profiler is not None:
             self.profiler.stop()
-        if self.flops is not None:
-            self.flops.close()
+        for part in (self.flops, self.shapes):
+            if part is not None:
+                part.close()
         self._clock.close()
 
     @staticmethod

@@ -197,6 +197,7 @@ class Recorder:
             probe = life.structure = StructureProbe(self.model, self._info("model_structure"))
             self._handles.append(probe)
             life.flops = FlopMeter(self.model, cfg.peak_flops, self._info("flops_counted"))
+            life.shapes.watch_forward(self.model, lambda: life.acc)
         if self.model is not None and (cfg.activation_nonfinite or cfg.activation_stats_every):
             life.act = ActivationCapture(self.model, cfg, self._full, lambda: life.acc,
                                          self._guard, compiled=self._compiled_model)

@@ -9,14 +9,22 @@ steps brought a new shape, so the recorder counts them from the batches it is ha
 wrapped loader, a framework's callback, ``tracealyze record``): the shapes and dtypes of
 their tensors, host-side metadata read at the batch's arrival (no device work, no sync).
 
-Not a hook on the model: a forward hook would live in the model's ``_forward_pre_hooks``,
-and ``torch.save(model)`` would then pickle a tracealyze object into the user's checkpoint,
-which could not be loaded where tracealyze is not installed.
+A loop that hands the recorder no batch (it builds its tensors and calls the model) still
+meets its shapes at the model: with ``model=``, the positional arguments of the model's
+first forward after each step's start are read instead (:meth:`ShapeLog.watch_forward`).
+The hook is one-shot: armed at the step's start and taken off at that forward's first
+line, so torch's process-wide module-hook dispatch (``modhooks.py``) is live only between
+the step's end and the next forward, never during one; armed through ``modhooks``, not the
+model's own hook table, so ``torch.save(model)`` pickles nothing of tracealyze. What it
+does not see: later forwards of the step (the other micro-batches of an accumulation),
+keyword arguments (torch's process-wide pre-hooks receive positional ones only), a
+``torch.compile``'d model (not armed: telemetry stays out of compiled code). Once a batch
+arrives through a loader, the loader's count is used and the hook is no longer armed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 MAX_SIGNATURES = 65_536
@@ -33,10 +41,46 @@ class ShapeLog:
     def __init__(self) -> None:
         self.seen: set[tuple[Any, ...]] = set()
         self.full = False
+        self.model: Any = None  # watch_forward's model, until a loader hands batches
+        self._open: Callable[[], Any] | None = None
+        self._hook: Any = None
+
+    def watch_forward(self, model: Any, open_acc: Callable[[], Any]) -> None:
+        """Read the shapes at ``model``'s first forward of each step (``open_acc()``: the
+        open step), from now until :meth:`count` is handed a loader's batch."""
+        self.model, self._open = model, open_acc
+        self.step_started()
+
+    def step_started(self) -> None:
+        """A step opened: arm the one-shot hook for its first forward."""
+        if self.model is not None and self._hook is None:
+            from ..tensors import modhooks
+
+            self._hook = modhooks.forward_pre(self.model, self._at_forward)
+
+    def close(self) -> None:
+        """Take the hook off (closing, or a loader hands the batches now)."""
+        self.model = None
+        if self._hook is not None:
+            hook, self._hook = self._hook, None
+            hook.remove()
+
+    def _at_forward(self, module: Any, args: Any) -> None:
+        hook, self._hook = self._hook, None
+        if hook is not None:
+            hook.remove()  # (first line: the dispatch is off for the rest of the forward)
+        if self._open is not None and self.model is not None:
+            self._count(self._open(), args)
 
     def count(self, acc: Any, batch: Any) -> None:
-        """Add 1 to ``acc.new_shapes`` when ``batch``'s signature is new, 0 when it was
-        seen (a step with batches is counted; one with none, or a full log, stays None)."""
+        """A loader's batch: add 1 to ``acc.new_shapes`` when its signature is new, 0 when
+        it was seen (a step with batches is counted; one with none, or a full log, stays
+        None). From the first one on, the loader's batches are the count."""
+        if self.model is not None:
+            self.close()
+        self._count(acc, batch)
+
+    def _count(self, acc: Any, batch: Any) -> None:
         if self.full:
             acc.new_shapes = None
             return

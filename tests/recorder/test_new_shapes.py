@@ -2,8 +2,10 @@
 tensors) was new, from the batches the recorder is handed (``wrap_loader``), on a
 nanoGPT-style model with variable sequence lengths through a real DataLoader and a ResNet
 on variable image sizes, checked against a count the test keeps itself; dict batches (as
-Hugging Face collators make them); gradient accumulation; no batches; a full log; and the
-user's model left as it was (``torch.save(model)`` pickles nothing of tracealyze)."""
+Hugging Face collators make them); gradient accumulation; a loop that hands the recorder
+no batch (the shapes of the model's first forward of each step, the hook off during the
+forward); keyword-only forwards; a full log; and the user's model left as it was
+(``torch.save(model)`` pickles nothing of tracealyze)."""
 
 from __future__ import annotations
 
@@ -91,14 +93,92 @@ def test_dict_batches_and_no_batches(tmp_path):
             opt.step()
             rec.step(loss=loss)
     assert _column(tmp_path / "kw") == [1, 0, 1, 0]
-    with Recorder(tmp_path / "none", model=emb, optimizer=opt, **FAST) as rec:
-        for _ in range(3):  # batches the recorder never sees: nothing counted
+    with Recorder(tmp_path / "none", optimizer=opt, **FAST) as rec:
+        for _ in range(3):  # no loader and no model: nothing to read shapes from
             loss = emb(torch.zeros(1, dtype=torch.long)).sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
             rec.step(loss=loss)
     assert _column(tmp_path / "none") == [None] * 3
+
+
+class _Probe(torch.nn.Module):
+    """A layer that notes whether torch's process-wide forward hooks were live when it ran
+    (they route every module call of the process through a dispatch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.nn.modules import module as m
+
+        self.live.append(len(m._global_forward_pre_hooks) + len(m._global_forward_hooks))
+        return x
+
+
+def test_shapes_read_at_the_models_first_forward_without_a_loader(tmp_path):
+    """A loop that builds its own tensors and calls the model: the first forward of each
+    step is read (an evaluation forward included, when it comes first), its later
+    micro-batches are not, the hook is off while the forward runs, and the model pickles
+    as it was while the hook is armed between steps."""
+    torch.manual_seed(0)
+    probe = _Probe()
+    model = torch.nn.Sequential(probe, torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sizes = [8, 8, 12, 8, 16, 12, 20, 8]
+    want, seen = [], set()
+    with Recorder(tmp_path / "r", model=model, optimizer=opt, **FAST) as rec:
+        for i, s in enumerate(sizes):
+            if i == 5:  # an evaluation first: its shape (new) is this step's first forward
+                with torch.no_grad():
+                    model(torch.randn(1, 3, 30, 30))
+                want.append(1)
+                seen.add((1, 30))
+            else:
+                want.append(int((2, s) not in seen))
+                seen.add((2, s))
+            x = torch.randn(2, 3, s, s)
+            loss = model(x).square().mean()
+            if i == 3:  # a second micro-batch of a new size: not the step's first forward
+                loss = loss + model(torch.randn(2, 3, 24, 24)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+            buf = io.BytesIO()
+            torch.save(model, buf)  # the hook is armed now, outside the model
+            assert b"tracealyze" not in buf.getvalue()
+    assert _column(tmp_path / "r") == want == [1, 0, 1, 0, 1, 1, 1, 0]
+    # the standard preset's first-step probes aside, no forward ran under the dispatch
+    assert probe.live[-6:] == [0] * 6
+    assert not modhooks._pre and not modhooks._handles  # closing took the hook off
+
+
+def test_keyword_only_forwards_leave_the_column_null(tmp_path):
+    """torch's process-wide pre-hooks see positional arguments only: a model called with
+    keywords (``model(input_ids=...)``) has no signature to read."""
+
+    class KW(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 4)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.emb(input_ids)
+
+    model = KW()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with Recorder(tmp_path / "r", model=model, optimizer=opt, **FAST) as rec:
+        for t in (3, 5, 3):
+            loss = model(input_ids=torch.zeros(2, t, dtype=torch.long)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss)
+    assert _column(tmp_path / "r") == [None] * 3
 
 
 def test_a_full_log_stops_counting(tmp_path, monkeypatch):
