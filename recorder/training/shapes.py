@@ -11,15 +11,19 @@ their tensors, host-side metadata read at the batch's arrival (no device work, n
 
 A loop that hands the recorder no batch (it builds its tensors and calls the model) still
 meets its shapes at the model: with ``model=``, the positional arguments of the model's
-first forward after each step's start are read instead (:meth:`ShapeLog.watch_forward`).
-The hook is one-shot: armed at the step's start and taken off at that forward's first
-line, so torch's process-wide module-hook dispatch (``modhooks.py``) is live only between
-the step's end and the next forward, never during one; armed through ``modhooks``, not the
-model's own hook table, so ``torch.save(model)`` pickles nothing of tracealyze. What it
-does not see: later forwards of the step (the other micro-batches of an accumulation),
-keyword arguments (torch's process-wide pre-hooks receive positional ones only), a
-``torch.compile``'d model (not armed: telemetry stays out of compiled code). Once a batch
-arrives through a loader, the loader's count is used and the hook is no longer armed.
+first forward after each step's start, and of the first forward after each backward (the
+next micro-batch, an evaluation inside the step), are read instead
+(:meth:`ShapeLog.watch_forward`). The hook is one-shot: armed at the step's start (and again
+when a backward reaches the model's first trainable parameter: a pre-hook on that
+parameter's gradient accumulator, an autograd node, not the model's state) and taken off at
+the forward's first line, so torch's process-wide module-hook dispatch (``modhooks.py``,
+~2.6 µs per module call while live) is live only between forwards, never during one; armed
+through ``modhooks``, not the model's own hook table, so ``torch.save(model)`` pickles
+nothing of tracealyze. What it does not see: a second forward with no backward between
+(the other images of an evaluation loop), keyword arguments (torch's process-wide
+pre-hooks receive positional ones only), a ``torch.compile``'d model (not armed: telemetry
+stays out of compiled code). Once a batch arrives through a loader, the loader's count is
+used and the hook is no longer armed.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class ShapeLog:
         self.model: Any = None  # watch_forward's model, until a loader hands batches
         self._open: Callable[[], Any] | None = None
         self._hook: Any = None
+        self._bw: Any = None  # the re-arming hook on a gradient accumulator (_after_backward)
+        self._node: Any = None  # ... and that accumulator
 
     def watch_forward(self, model: Any, open_acc: Callable[[], Any]) -> None:
         """Read the shapes at ``model``'s first forward of each step (``open_acc()``: the
@@ -59,11 +65,14 @@ class ShapeLog:
             self._hook = modhooks.forward_pre(self.model, self._at_forward)
 
     def close(self) -> None:
-        """Take the hook off (closing, or a loader hands the batches now)."""
+        """Take the hooks off (closing, or a loader hands the batches now)."""
         self.model = None
-        if self._hook is not None:
-            hook, self._hook = self._hook, None
-            hook.remove()
+        for name in ("_hook", "_bw"):
+            hook = getattr(self, name)
+            setattr(self, name, None)
+            if hook is not None:
+                hook.remove()
+        self._node = None
 
     def _at_forward(self, module: Any, args: Any) -> None:
         hook, self._hook = self._hook, None
@@ -71,6 +80,27 @@ class ShapeLog:
             hook.remove()  # (first line: the dispatch is off for the rest of the forward)
         if self._open is not None and self.model is not None:
             self._count(self._open(), args)
+            self._after_backward()
+
+    def _after_backward(self) -> None:
+        """Arm again once this forward's backward reaches the model's first trainable
+        parameter (a hook on its gradient accumulator, an autograd node outside the
+        model's state): the next micro-batch's forward, or an evaluation the step runs
+        after its backward, is read too."""
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        if self._bw is not None:  # (the previous forward's; fired or never will)
+            self._bw.remove()
+            self._bw = None
+        param = next((p for p in self.model.parameters() if p.requires_grad), None)
+        if param is None:
+            return
+        # (held: torch caches a parameter's accumulator weakly, and this forward's graph
+        # must take the one hooked, not a new one)
+        self._node = torch.autograd.graph.get_gradient_edge(param).node
+        self._bw = self._node.register_prehook(lambda _grads: self.step_started())
 
     def count(self, acc: Any, batch: Any) -> None:
         """A loader's batch: add 1 to ``acc.new_shapes`` when its signature is new, 0 when

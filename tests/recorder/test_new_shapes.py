@@ -118,40 +118,37 @@ class _Probe(torch.nn.Module):
         return x
 
 
-def test_shapes_read_at_the_models_first_forward_without_a_loader(tmp_path):
+def test_shapes_read_at_the_models_forwards_without_a_loader(tmp_path):
     """A loop that builds its own tensors and calls the model: the first forward of each
-    step is read (an evaluation forward included, when it comes first), its later
-    micro-batches are not, the hook is off while the forward runs, and the model pickles
-    as it was while the hook is armed between steps."""
+    step is read, and the first after each backward (the next micro-batch, an evaluation
+    after the update); a second forward with no backward between is not; the hook is off
+    while a forward runs, and the model pickles as it was while it is armed."""
     torch.manual_seed(0)
     probe = _Probe()
     model = torch.nn.Sequential(probe, torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
                                 torch.nn.Flatten(), torch.nn.Linear(4, 2))
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     sizes = [8, 8, 12, 8, 16, 12, 20, 8]
-    want, seen = [], set()
     with Recorder(tmp_path / "r", model=model, optimizer=opt, **FAST) as rec:
         for i, s in enumerate(sizes):
-            if i == 5:  # an evaluation first: its shape (new) is this step's first forward
+            if i == 5:  # an evaluation first: its first image is read, the second is not
                 with torch.no_grad():
                     model(torch.randn(1, 3, 30, 30))
-                want.append(1)
-                seen.add((1, 30))
-            else:
-                want.append(int((2, s) not in seen))
-                seen.add((2, s))
-            x = torch.randn(2, 3, s, s)
-            loss = model(x).square().mean()
-            if i == 3:  # a second micro-batch of a new size: not the step's first forward
-                loss = loss + model(torch.randn(2, 3, 24, 24)).square().mean()
+                    model(torch.randn(1, 3, 34, 34))
             opt.zero_grad()
-            loss.backward()
+            model(torch.randn(2, 3, s, s)).square().mean().backward()
+            if i == 3:  # a second micro-batch of a new size, after the first's backward
+                model(torch.randn(2, 3, 24, 24)).square().mean().backward()
             opt.step()
-            rec.step(loss=loss)
+            if i == 6:  # an evaluation after the update, on a new size
+                with torch.no_grad():
+                    model(torch.randn(1, 3, 40, 40))
+            rec.step()
             buf = io.BytesIO()
             torch.save(model, buf)  # the hook is armed now, outside the model
             assert b"tracealyze" not in buf.getvalue()
-    assert _column(tmp_path / "r") == want == [1, 0, 1, 0, 1, 1, 1, 0]
+    # 8 new; 8; 12 new; 8 + 24 new; 16 new; 30 new (34 and 12 unread); 20 new + 40 new; 8
+    assert _column(tmp_path / "r") == [1, 0, 1, 1, 1, 1, 2, 0]
     # the standard preset's first-step probes aside, no forward ran under the dispatch
     assert probe.live[-6:] == [0] * 6
     assert not modhooks._pre and not modhooks._handles  # closing took the hook off

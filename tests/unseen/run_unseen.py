@@ -84,6 +84,9 @@ def run_one(script: Path, root: Path, timeout: float, record: bool = True) -> di
                               capture_output=True, text=True, timeout=timeout)
         err = f"exit {proc.returncode}: {proc.stderr[-500:]}"
     out: dict[str, Any] = {"seconds": round(time.time() - t0, 1)}
+    if record and proc.returncode != 0 and "already holds a run" in proc.stderr:
+        # (never judge an earlier recording as if it were this one)
+        return {**out, "passed": False, "why": [f"not recorded: {run_dir} holds a run"]}
     if not (run_dir / "run.json").exists():
         return {**out, "passed": False, "why": [f"no run recorded ({err})"]}
     summary = build_summary(run_dir)

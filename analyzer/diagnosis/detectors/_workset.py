@@ -18,6 +18,7 @@ import numpy as np
 from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
+from ._quiet import SHOWN_Z, quiet_onset, quiet_rate, quiet_runs
 
 RECORD = 0.1
 """A window sets a work record when its work exceeds every earlier window's by this share
@@ -145,26 +146,40 @@ def judge_without_shapes(res: dict[str, Any], s: np.ndarray, v: np.ndarray,
                          analyse: Callable[[np.ndarray], dict[str, Any] | None]) -> None:
     """Update ``res``, memory_leak's analysis of the series (``s``, ``v``), with what new
     input shapes explain: ``analyse`` judges the series without them (:func:`without_shapes`)
-    — nothing left is a per-shape cache (``res["shapes"]["explained"]``), a leak left keeps
-    its own rate, and its onset where the series without the shapes starts to rise (not
-    later than the raw series' onset when it was already rising at half the leak's rate
-    between the two: a leak whose rate changed is no later leak)."""
+    — nothing left, or a growth that does not stand out of the noise over the intervals
+    free of new shapes (``_quiet.py``), is a per-shape cache (``res["shapes"]["explained"]``);
+    a leak left keeps its own rate, and its onset where the intervals free of new shapes
+    begin to rise (not later than the raw series' onset when those between the two already
+    rose at half the leak's rate, beyond their noise: a leak whose rate changed is no later
+    leak)."""
     new = shapes[1]
     res["new_shape_steps"] = float(np.mean(new[np.isfinite(new)] > 0))
     adj = without_shapes(s, v, shapes)
     if adj is None:
         return
     left = analyse(adj[0])
-    res["shapes"] = {"share": adj[1], "explained": left is None,
-                     "growth": float(adj[0][-1] - adj[0][0])}
     if left is None:
+        res["shapes"] = {"share": adj[1], "explained": True,
+                         "growth": float(adj[0][-1] - adj[0][0])}
         return
-    first, was = int(left["first_step"]), int(res["first_step"])
-    if first > was:
-        i, j = (min(int(k), len(s) - 1) for k in np.searchsorted(s, [was, first]))
-        if adj[0][j] - adj[0][i] >= 0.5 * left["slope"] * (first - was):
-            first = was
-    res.update(slope=left["slope"], first_step=first)
+    # the onset: where the intervals free of new shapes begin to rise, not before the
+    # earlier of the two analyses' onsets (the raw series holds the leak and the caches:
+    # they can only date it earlier), and that onset itself when nothing free of new shapes
+    # between the two says it was flat
+    runs = quiet_runs(s, v, shapes)
+    lo = min(int(res["first_step"]), int(left["first_step"]))
+    first = quiet_onset(runs, lo, int(s[-1]))
+    first = lo if first is None else first
+    if first > lo:
+        rate, se = quiet_rate(runs, lo, until=first)
+        if not np.isfinite(se) or rate >= max(0.5 * left["slope"], SHOWN_Z * se):
+            first = lo
+    rate, se = quiet_rate(runs, first)  # (a leak must show there: SHOWN_Z)
+    res["quiet_rate"] = (rate, se)
+    res["shapes"] = {"share": adj[1], "explained": rate < SHOWN_Z * se,
+                     "growth": float(adj[0][-1] - adj[0][0])}
+    if not res["shapes"]["explained"]:
+        res.update(slope=left["slope"], first_step=first)
 
 
 def every_step_new(res: dict[str, Any]) -> str:
