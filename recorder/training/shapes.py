@@ -52,13 +52,15 @@ class ShapeLog:
         self._node: Any = None  # ... and that accumulator
 
     def watch_forward(self, model: Any, open_acc: Callable[[], Any]) -> None:
-        """Read the shapes at ``model``'s first forward of each step (``open_acc()``: the
-        open step), from now until :meth:`count` is handed a loader's batch."""
+        """Read the shapes at ``model``'s first forward of each step and the first after
+        each backward (``open_acc()``: the open step), from now until :meth:`count` is
+        handed a loader's batch."""
         self.model, self._open = model, open_acc
         self.step_started()
 
     def step_started(self) -> None:
-        """A step opened: arm the one-shot hook for its first forward."""
+        """A step opened (or a backward reached the first parameter): arm the one-shot
+        hook for the next forward."""
         if self.model is not None and self._hook is None:
             from ..tensors import modhooks
 
