@@ -20,6 +20,10 @@ from ...stats import robust as _stats
 from ...stats.onset import hinge, single_jump
 from ..thresholds import Thresholds
 
+LEVEL_PTS = 3
+"""Points of the smoothed series whose median is a level (at a growth's onset, just before a
+batch): one more than the smoothing's own half width, so one noisy point is never a level."""
+
 
 def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
                     th: Thresholds, onset_min: int = 0, batch: int | None = None
@@ -136,9 +140,13 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
         # batch (bad batch -> spike -> explosion): before it, the series had not risen by
         # the factor from where the onset put it (an MoE expert's gradient drifting x2 while
         # its share of tokens grows, then knocked x5 up for 15 steps by the batch)
+        # (levels, not points: the level just before the batch against the one at the
+        # onset, each the median of a few smoothed points; a noisy tensor's peak after a
+        # dip rises by the factor without any growth: a CNN's first bias, x40 step to step)
         if batch is not None and onset < batch <= int(step[i]):
             b = int(np.searchsorted(step, batch))
-            if 0 < b < len(x) and float(np.max(xs[j:b])) - float(xs[j]) < need:
+            if 0 < b < len(x) and float(np.median(xs[max(j, b - LEVEL_PTS):b])) - float(
+                    np.median(xs[max(0, j - LEVEL_PTS + 1):j + 1])) < need:
                 onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
         # what the growth did is read up to a batch that threw the run after its onset:
         # what followed the batch is the batch's doing (bad batch -> spike -> explosion), its

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ...stats import robust as _stats
+from ...stats.excursion import single_step
 from ...stats.periodic import Pattern, one_phase, phase_level, phase_pattern
 from .. import anchors
 from ..findings import Finding
@@ -35,11 +36,15 @@ DOC = {
             "moves the batch mean by ~3% of the start, so a bump that gives back under 5% of "
             "what training gained is ordinary), and the loss comes back down (median of the "
             "next recover_steps below level + recover_frac × jump; a loss that stays up is "
-            "loss_divergence, not a spike). Spikes at a phase of a fixed period whose median "
-            "over ≥ 4 cycles is itself a spike (a multi-task loop, a curriculum, an eval "
-            "every N steps: stats/periodic.py), or a phase whose median log loss stands "
-            "above the others' cycle after cycle (phase_level: a second task at 3x the loss "
-            "under a CNN's per-batch noise), or spikes that all fall on one phase of a period "
+            "loss_divergence, not a spike), and the rise is one step's doing (one step of "
+            "the climb into the excursion's top made at least half its height above the "
+            "level: the top of a climb over many steps, an instability that corrects "
+            "itself, is no batch; stats/excursion.py). Spikes at a phase of a fixed "
+            "period whose median over ≥ 4 cycles is itself a spike (a multi-task loop, "
+            "a curriculum, an eval every N steps: stats/periodic.py), or a phase whose "
+            "median log loss stands above the others' cycle after cycle (phase_level: a "
+            "second task at 3x the loss under a CNN's per-batch noise), or spikes that all "
+            "fall on one phase of a period "
             "(at least 4, chance under 1e-3, more than half of that phase's steps over their "
             "span: a round-robin task whose loss is far above the others' until it learns), "
             "are the loop's structure: explained, and "
@@ -265,6 +270,9 @@ def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
         return None
     r, step, loss = series
     idx, base, resid, sigma, prev = find_spikes(step, loss, th)
+    # a spike is one step's rise; the top of a climb over many steps (an instability that
+    # corrects itself: a full-batch run at the edge of stability) is no batch (stats/excursion)
+    idx = idx[single_step(loss, prev, idx, max(1, int(th.window) // 2))]
     # a rise that keeps an appointment (more than half the cycles at one phase) is design
     pattern = phase_pattern(step, resid / max(sigma, 1e-12), float(th.z)) if len(idx) else None
     if len(idx):  # (or on the log loss: the one that explains more of the spikes)
