@@ -72,6 +72,7 @@ class StepAccum:
     user_tokens: int | None = None
     flops: float | None = None  # model FLOPs (throughput.FlopMeter)
     sample_ids: list[int] | None = None  # the sampler's indices of its batches (samples.py)
+    lr_used: Any = None  # the learning rate its optimizer step used (read in its pre-hook)
     # Module outputs awaiting their NaN/Inf probe (name, numel, seq, the output itself, its
     # in-place version then), all probed at once when the forward pass ends; then blocks of
     # (names, numels, seqs, late flags, device vector) per forward pass, joined at commit.
@@ -106,6 +107,8 @@ class StepAccum:
                 setattr(self, name, (getattr(self, name) or 0) + getattr(extra, name))
         if self.data_ready is None:
             self.data_ready = extra.data_ready
+        if extra.lr_used is not None:
+            self.lr_used = extra.lr_used
         if extra.grad_ready is not None:
             self.grad_ready = extra.grad_ready
         self.waited = self.waited or extra.waited
@@ -152,6 +155,17 @@ class StepAccum:
         else:
             self.floats.setdefault(label, []).append(v)
         return True
+
+
+def lr_now(optimizer: Any) -> Any:
+    """The optimizer's (first param group's) learning rate as it is now, or None: a number,
+    or a copy of a tensor LR (a scheduler may change that one in place after the step; the
+    copy is a device op, no sync)."""
+    try:
+        lr = optimizer.param_groups[0].get("lr")
+    except (AttributeError, IndexError, TypeError, KeyError):
+        return None
+    return lr.detach().clone() if isinstance(lr, torch.Tensor) else lr
 
 
 def pack(acc: StepAccum) -> tuple[torch.Tensor | list[torch.Tensor] | None, Any]:

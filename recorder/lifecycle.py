@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .capture import Piece, StepAccum, StepItem, pack, watchable
+from .capture import Piece, StepAccum, StepItem, lr_now, pack, watchable
 from .config import RecorderConfig
 from .live.guard import Guard
 from .stepstate import StepMachine
@@ -123,9 +123,8 @@ class StepLifecycle:
         return me == self._train_thread
 
     def _side_values(self, loss: Any, metrics: dict[str, Any]) -> None:
-        """step() from another thread (a logger, a monitor) must not end the training
-        thread's step under it: its values join the open step as metrics (a loss as the
-        metric ``loss``), and the training thread ends the step."""
+        """step() from another thread (a logger, a monitor) must not end the training thread's
+        step: its values join the open step as metrics (a loss as ``loss``)."""
         if loss is not None:
             metrics = {"loss": loss, **metrics}
         with self._lock:
@@ -210,8 +209,8 @@ class StepLifecycle:
             if step is not None:
                 acc.step = int(step)
             bad = [] if acc.add_scalar("loss", loss) else [("loss", loss)]
-            if lr is None and self.optimizer is not None:
-                lr = self.optimizer.param_groups[0].get("lr")
+            if lr is None and self.optimizer is not None:  # the one its update used
+                lr = acc.lr_used if acc.lr_used is not None else lr_now(self.optimizer)
             if lr is not None and not acc.has("lr") and not acc.add_scalar("lr", lr):
                 bad.append(("lr", lr))
             for name, value in metrics.items():
@@ -266,8 +265,7 @@ class StepLifecycle:
                    step_values=len(bad))
 
     def _hook_target(self) -> StepAccum:
-        """The step an optimizer/scaler hook belongs to: the pending one when rec.step()
-        came first, else the open one."""
+        """An optimizer/scaler hook's step: the pending one (rec.step() came first), else open."""
         return self._steps.target()
 
     def _gradients_ready(self) -> None:
@@ -309,6 +307,8 @@ class StepLifecycle:
         if self.config.update_ratio_every and not target.snapshotted:
             target.snapshotted = True
             self._reader.snapshot_params(target.step)
+        if self.optimizer is not None and target.lr_used is None:  # (the first call: the
+            target.lr_used = lr_now(self.optimizer)  # LR this update uses; a scheduler next)
 
     def _after_update(self) -> None:
         if self._reader.snapshot is not None:
