@@ -56,7 +56,10 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
             # a rescaled objective (loss and every gradient ×k at one step: stats/shift.py)
             # is judged on its new scale: the steps after it are divided by k
             sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
+            # (not at the first batch of a new input shape: the data changed there, a
+            # curriculum's longer sequences, not the loss code)
             if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh) \
+                    and int(d["step"][sh.index]) not in new_shape_steps(d) \
                     and _one_factor(ctx, sh):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],
@@ -66,6 +69,28 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
         return out
 
     return ctx.cached("steps", load)
+
+
+RARE_SHAPES = 0.02
+"""New input shapes are rare when at most this share of the steps (after the first) saw one:
+a jump that begins on such a step is then no accident of timing (a corrupt batch lands on one
+by chance 2% of the time at most) but the data changing (a length curriculum's stages, a new
+source's first batch). Loops whose batches vary in shape (dynamic padding; bucketed lengths,
+each new early on) see new shapes too often to tell."""
+
+
+def new_shape_steps(d: dict[str, np.ndarray] | None) -> set[int]:
+    """The steps (after the first) whose batch had a new input shape (``steps.new_shapes``,
+    counted by the recorder for most steps), when such steps are rare (RARE_SHAPES); else
+    none."""
+    if d is None or "new_shapes" not in d or not len(d["new_shapes"]):
+        return set()
+    n, s = d["new_shapes"], d["step"]
+    later = np.isfinite(n) & (s > s[0])  # (the first step's batch is always new)
+    if np.isfinite(n).mean() < 0.8 or not later.any() or float(np.mean(n[later] > 0)) > \
+            RARE_SHAPES:
+        return set()
+    return {int(x) for x in s[later & (n > 0)]}
 
 
 CHANCE_BAND = (0.9, 1.25)

@@ -11,7 +11,7 @@ on its own, the later one rising from a minimum after the earlier one's crossing
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -26,12 +26,13 @@ batch): one more than the smoothing's own half width, so one noisy point is neve
 
 
 def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
-                    th: Thresholds, onset_min: int = 0, batch: int | None = None
-                    ) -> Iterator[dict[str, Any]]:
+                    th: Thresholds, onset_min: int = 0, batch: int | None = None,
+                    stages: Collection[int] = ()) -> Iterator[dict[str, Any]]:
     """Each sustained rise in a log-norm series (NaN = missing point) whose onset is at or
     after step ``onset_min`` (the end of the run's warm-up), in order: onset, crossing and the
     levels it went through. ``batch``: the step of a batch that threw the run (loss_spike's
-    batch event), if any."""
+    batch event), if any; ``stages``: steps where the data changed (the first batch of a
+    new input shape, where those are rare: _data.new_shape_steps)."""
     ok = np.isfinite(logn)
     step, x = step[ok], logn[ok]
     # A growth that runs into NaN/Inf within a few steps of the start has no warm-up to
@@ -140,14 +141,17 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
         # batch (bad batch -> spike -> explosion): before it, the series had not risen by
         # the factor from where the onset put it (an MoE expert's gradient drifting x2 while
         # its share of tokens grows, then knocked x5 up for 15 steps by the batch)
-        # (levels, not points: the level just before the batch against the one at the
-        # onset, each the median of a few smoothed points; a noisy tensor's peak after a
-        # dip rises by the factor without any growth: a CNN's first bias, x40 step to step)
-        if batch is not None and onset < batch <= int(step[i]):
+        if _reached_after(step, xs, j, onset, int(step[i]), batch, need):
             b = int(np.searchsorted(step, batch))
-            if 0 < b < len(x) and float(np.median(xs[max(j, b - LEVEL_PTS):b])) - float(
-                    np.median(xs[max(0, j - LEVEL_PTS + 1):j + 1])) < need:
-                onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
+            onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
+        # so, too, one that began where the data changed: it is the new data's (a longer
+        # sequence's gradient), judged as such (gradient_explosion)
+        stage = onset if onset in stages else next(
+            (s for s in sorted(stages)
+             if _reached_after(step, xs, j, onset, int(step[i]), s, need)), None)
+        if stage is not None and stage != onset:
+            b = int(np.searchsorted(step, stage))
+            onset, start_x, i = int(step[b]), float(x[b - 1]), max(i, b)
         # what the growth did is read up to a batch that threw the run after its onset:
         # what followed the batch is the batch's doing (bad batch -> spike -> explosion), its
         # own episode; and up to the next episode's onset (below), which is that one's
@@ -169,10 +173,24 @@ def find_explosions(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, wi
                          min(pending["stop"], at) if at > pending["i"] else pending["stop"])
         pending = {"onset": onset, "cross": int(step[i]), "i": i, "lo": float(lo[i]),
                    "baseline": baseline, "start_x": start_x, "slope": float(slope),
-                   "stop": stop}
+                   "stop": stop, "stage": stage}
         last = i
     if pending is not None:
         yield _story(pending, step, x, xs, ends_nonfinite, th, w, pending["stop"])
+
+
+def _reached_after(step: np.ndarray, xs: np.ndarray, j: int, onset: int, cross: int,
+                   at: int | None, need: float) -> bool:
+    """Did the growth from ``onset`` (index ``j``), crossing at step ``cross``, reach its size
+    only after step ``at``: ``at`` within (onset, cross], and the level just before it had
+    not risen by ``need`` above the level at the onset (levels, not points: each the median
+    of LEVEL_PTS smoothed points; a noisy tensor's peak after a dip rises by the factor
+    without any growth: a CNN's first bias, x40 step to step)."""
+    if at is None or not onset < at <= cross:
+        return False
+    b = int(np.searchsorted(step, at))
+    return 0 < b < len(xs) and float(np.median(xs[max(j, b - LEVEL_PTS):b])) - float(
+        np.median(xs[max(0, j - LEVEL_PTS + 1):j + 1])) < need
 
 
 def _story(ep: dict[str, Any], step: np.ndarray, x: np.ndarray, xs: np.ndarray,
@@ -191,7 +209,7 @@ def _story(ep: dict[str, Any], step: np.ndarray, x: np.ndarray, xs: np.ndarray,
     # its level at the end (the last tenth, at least min_points): the same precision as
     # the loss's end it is compared with
     end = xs[max(i + 1, stop - max(int(th.min_points), stop // 10)):stop]
-    return {"onset": ep["onset"], "cross": ep["cross"],
+    return {"onset": ep["onset"], "cross": ep["cross"], "stage": ep.get("stage"),
             # still growing into the series' end (the first NaN, if any): its highest
             # point among the last few before it, and up since the crossing
             "into_end": bool(np.all(xs[i:] >= ep["lo"] + need / 2)

@@ -65,7 +65,10 @@ DOC = {
             "threw the run is read up to the batch, against the total's typical level "
             "before it (unless the loss jumped at the growth's culmination: crossed "
             "before, at its peak within a few points, still rising — the growth's own "
-            "consequence). The onset is the "
+            "consequence); a growth that began at a new stage of the data (the first batch "
+            "of a new input shape, where those are rare), or reached its size only after "
+            "one, and came back down (to its baseline, or sqrt(factor) below the level it "
+            "held), is the new data's: no explosion. The onset is the "
             "change point of the smoothed log norm (best flat-then-rising fit), or the one "
             "step that takes the raw norm out of its baseline's range for good by ln(factor) "
             "(from inside the range, or from within half the factor of it at the step "
@@ -134,6 +137,21 @@ def _hurts(ctx: Context, res: Mapping[str, Any], window: int) -> bool:
         return True
     noise = _stats.mad_sigma(np.diff(loss)) / math.sqrt(2)
     return float(np.median(after)) > float(np.median(before)) + 2 * noise
+
+
+def _new_datas(res: Mapping[str, Any], factor: float) -> bool:
+    """A growth that began where the data changed (the first batch of a new input shape, in
+    a run where those are rare: a curriculum's longer sequences) and came back down (to its
+    baseline, or sqrt(factor) below the level it held, never into NaN/Inf nor still growing
+    at the end) is the new data's gradient while the model learns it, as the loss's jump
+    there is (loss_spike): the loss before it is no level to judge by, the data is not the
+    same."""
+    if res.get("stage") is None or res.get("first_nonfinite") is not None or \
+            res.get("into_end"):
+        return False
+    end = res.get("end_level")
+    return res.get("settled_at") is not None or (
+        end is not None and end <= res["held"] / math.sqrt(factor))
 
 
 def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window: int
@@ -238,6 +256,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     onset_min = 0 if lo is None else lo + max(
         int(th.warmup_steps), int(float(th.warmup_frac) * (hi - lo + 1)))
     win = int(th.window)
+    stages = _data.new_shape_steps(_data.steps(ctx).get(_data.primary_rank(ctx, "loss")))
 
     # An explosion breaks training: the loss stops improving (rises, or turns NaN) while the
     # norms grow. A layer whose gradient grows while the loss keeps falling is learning
@@ -252,6 +271,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         return usual is not None and x["held"] >= float(th.factor) * usual
 
     def real(x: Mapping[str, Any]) -> bool:
+        if _new_datas(x, float(th.factor)):
+            return False
         return not _learned_through(ctx, x, float(th.factor), win) and (
             _hurts(ctx, x, win) or (extreme(x) and not _improved_for_a_window(ctx, x, win)))
 
@@ -271,7 +292,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         # the first episode that is an explosion (a learning transition before a batch that
         # threw the run is not; the batch's own episode may be)
         eps = list(_growth.find_explosions(d["step"][:cut], logn[:cut], bool(len(bad)), win,
-                                           th, onset_min, batch))
+                                           th, onset_min, batch, stages))
         for ep in eps:
             ep["first_nonfinite"] = _nan_after(ep, int(d["step"][bad[0]]) if len(bad)
                                                else None, win)
@@ -285,7 +306,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         eps = []
         for res in _growth.find_explosions(
                 s["step0"][:cut].astype(np.int64), s["log_norm"][:cut], bool(len(bad)),
-                max(2, win // size), th, onset_min, batch):
+                max(2, win // size), th, onset_min, batch, stages):
             if typical_total is not None and res["max"] < float(th.min_share) * typical_total:
                 continue  # grows, but stays negligible next to the whole model's gradient
             res["name"] = name

@@ -12,7 +12,8 @@ from ...stats.periodic import Pattern, one_phase, phase_level, phase_pattern
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data, _spike_tail
+from . import _batch, _changes, _data, _spike_tail
+from ._batch import DOMINANT
 from .base import Context
 
 ID = "loss_spike"
@@ -65,7 +66,11 @@ DOC = {
             "level is set (a jump just before, or a ramp that took the rate above the "
             "run's median); the others are the data's heavy tail (outlier targets, noisy "
             "labels in small batches, long sequences summed over tokens): reported at "
-            "info (_spike_tail.py).",
+            "info (_spike_tail.py). An event that begins at the first batch of a new input "
+            "shape (steps.new_shapes), in a run where at most RARE_SHAPES = 2% of the steps "
+            "saw one, is a new stage of the data (a length curriculum, a new source): "
+            "explained, reported at info (_batch.py), still a setback other detectors do "
+            "not read across.",
     "fixes": "Lower the learning rate or add warm-up, clip gradients, look for bad batches "
              "(the spike steps' data), use a larger batch or loss scaling with AMP.",
 }
@@ -116,17 +121,6 @@ def find_spikes(step: np.ndarray, loss: np.ndarray, th: Thresholds
     return np.flatnonzero(hit), base, resid, sigma, prev
 
 
-DOMINANT = 10.0
-"""An event (see :func:`batch_event`) whose excess over the level before it, relative to that
-level, is at least this many times every other event's is a batch of its own (a corrupt
-sample), not one of a family: spikes that the loop or the learning rate makes are within an
-order of magnitude of each other, relative to the loss they sit on."""
-EVENT_GAP = 2
-"""Spikes and throws this close (steps between them) are one event: a knocked model's loss
-spikes on the next step or the one after as it settles, while a loop's spikes (every 4th
-step, every N) keep their own events and stay a family."""
-
-
 def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pattern | None:
     """A loop's structure on the log loss: a second task whose loss is 3× the first's is the
     same deviation at any level, though under a noisy CNN's per-batch noise only a few of its
@@ -136,61 +130,6 @@ def _relative_pattern(step: np.ndarray, loss: np.ndarray, th: Thresholds) -> Pat
     ll = np.log(loss)
     dev = ll - _stats.rolling_median(ll, int(th.window))
     return phase_level(step, dev, _stats.mad_sigma(dev))
-
-
-def batch_event(ctx: Context, step: np.ndarray, loss: np.ndarray, prev: np.ndarray,
-                idx: np.ndarray, sigma: float, th: Thresholds, pattern: Pattern | None
-                ) -> tuple[int | None, int, np.ndarray]:
-    """(the index of the batch that threw the run, or None; the index where its event ended:
-    the loss back within 1/DOMINANT of the jump, or the series' end; the spike indices).
-
-    Events are spikes and throws (:func:`_throws`); one lasts while the loss has not come
-    back to within 1/DOMINANT of its jump, and takes in the spikes and throws before that or
-    within EVENT_GAP steps of the last (what a knocked model does next). The batch is
-    the first step of the event that dominates every other (DOMINANT), or of the only one;
-    not one right after a learning-rate jump or during a rising ramp (the rate's doing).
-    Throws at the phases of the loop's ``pattern`` are its structure, as its spikes are."""
-    events: list[tuple[int, float, int]] = []  # (first, excess relative to the level, end)
-    k = 0
-    while k < len(idx):
-        i0 = int(idx[k])
-        level = float(prev[i0]) if i0 else float(loss[i0])
-        size = (float(loss[i0]) - level) / max(abs(level), 1e-12)
-        # the event lasts while the loss has not come back: every later spike or throw
-        # within EVENT_GAP steps, or before the loss fell back to within 1/DOMINANT of
-        # the jump above its level, is part of it (what a knocked model does next)
-        up = loss[i0:] > level + (float(loss[i0]) - level) / DOMINANT
-        back = np.flatnonzero(~up)
-        end = i0 + (int(back[0]) if len(back) else len(up))
-        k += 1
-        while k < len(idx) and (int(idx[k]) <= end or int(idx[k]) - int(idx[k - 1]) <= EVENT_GAP):
-            j = int(idx[k])
-            size = max(size, (float(loss[j]) - level) / max(abs(level), 1e-12))
-            k += 1
-        events.append((i0, size, end))
-    if not events:
-        return None, 0, idx
-    events.sort(key=lambda e: -e[1])
-    if len(events) > 1 and events[0][1] < DOMINANT * events[1][1]:
-        return None, 0, idx
-    b, _, until = events[0]
-    if _changes.within(ctx, int(step[b]) - 10, int(step[b])) is not None:
-        return None, 0, idx
-    return b, until, idx
-
-
-def _throws(loss: np.ndarray, prev: np.ndarray, sigma: float, th: Thresholds) -> np.ndarray:
-    """Indices of one-step jumps to ≥ (1 + DOMINANT × min_rel_jump) × the level before
-    (``prev``: the median of the previous half window), beyond z σ, from a step still near
-    that level, whether or not the loss came back (one that did not is no spike: the model
-    was knocked back, or thrown into NaN). Its return is not needed, so it must clear the
-    spike's relative floor DOMINANT times over."""
-    t = np.arange(max(1, int(th.window) // 2), len(loss))  # (a full half window before)
-    jump = loss[t] - prev[t]
-    near = loss[t - 1] - prev[t] <= jump / 4
-    hit = (jump > float(th.min_rel_jump) * DOMINANT * np.abs(prev[t])) & (
-        jump > float(th.z) * sigma) & near
-    return t[hit]
 
 
 def _lr_caused(ctx: Context, r: int, first: int, last: int) -> bool:
@@ -297,7 +236,7 @@ def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     # one event far beyond all the others (a batch that threw the run) is a different
     # thing from a family of small spikes: the finding is dated at it, and it can be the
     # cause of what follows (causality.py)
-    thrown = [t for t in _throws(loss, prev, sigma, th)
+    thrown = [t for t in _batch.throws(loss, prev, sigma, th)
               if pattern is None or not pattern.explains(int(step[t]))]
     idx = np.union1d(idx, thrown).astype(int)
     # spikes that come with a learning-rate rise (a jump just before the first, or a ramp
@@ -309,10 +248,16 @@ def _compute(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
                                         sigma, th, resid > float(th.z) * sigma)
     if caused:
         idx = np.union1d(idx, late).astype(int)
-    b, until, idx = batch_event(ctx, step, loss, prev, idx, sigma, th, pattern)
+    b, until = _batch.batch_event(ctx, step, loss, prev, idx)
+    # an event that begins at the first batch of a new input shape, where those are rare,
+    # is the data changing (a curriculum's next stage, a new source): explained, not an
+    # accident; a batch among them is still a setback other detectors do not read across
+    staged, stages = _batch.new_stages(ctx, r, step, loss, prev, idx)
+    idx = idx[~np.isin(idx, staged)]
     return {"r": r, "step": step, "loss": loss, "idx": idx, "base": base, "resid": resid,
             "sigma": sigma, "prev": prev, "pattern": pattern, "by_design": by_design,
-            "b": b, "until": until, "tail": tail}
+            "b": b, "until": until, "tail": tail, "stages": stages,
+            "shown": None if b in staged else b}
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
@@ -321,10 +266,12 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         return []
     r, step, loss, idx, base, resid, sigma, prev, pattern, by_design, b, until = (
         got[k] for k in ("r", "step", "loss", "idx", "base", "resid", "sigma", "prev",
-                         "pattern", "by_design", "b", "until"))
+                         "pattern", "by_design", "shown", "until"))
     if not len(idx):
         if by_design:
             return [_structure(r, step, by_design, pattern)]
+        if got["stages"]:
+            return [_stages(r, got["stages"])]
         tail = got["tail"]
         return [_spike_tail.finding(ID, r, step, loss, prev, tail)] if len(tail) else []
     worst = idx[np.argmax(resid[idx] / np.maximum(np.abs(base[idx]), 1e-12))]
@@ -368,6 +315,24 @@ def _structure(r: int, step: np.ndarray, idx: list[int], pattern: Any) -> Findin
         evidence={"period": pattern.period, "phases": list(pattern.phases),
                   "cycles": pattern.cycles, "count": len(idx), "rank": r,
                   "spike_steps": [int(s) for s in step[idx][:20]]})
+
+
+def _stages(r: int, stages: list[dict[str, Any]]) -> Finding:
+    what = "; ".join(f"×{x['loss'] / x['level']:.3g} at step {x['step']} ({x['level']:.4g} → "
+                     f"{x['loss']:.4g}), back by step {x['until']}" if x["level"] > 0 else
+                     f"at step {x['step']}, back by step {x['until']}" for x in stages[:5])
+    n = len(stages)
+    return Finding(
+        id=ID, severity="info", subject="loss", first_step=int(stages[0]["step"]),
+        title=(f"The loss jumped at {n} new stage{'s' if n > 1 else ''} of the data"),
+        message=(f"The loss jumped {what}: {'each time ' if n > 1 else ''}at the first "
+                 "batch of a new input shape (steps.new_shapes; rare in this run), and came "
+                 "back as the model learned it. The data changed there (a curriculum's next "
+                 "stage, a new source or length), not an accident of training."),
+        advice="Nothing to fix if the data changes by design; a gentler ramp (mixing the "
+               "new stage in gradually) softens the jump.",
+        chart=anchors.LOSS,
+        evidence={"rank": r, "stages": stages[:20], "count": n})
 
 
 def _batch_message(step: np.ndarray, idx: np.ndarray, batch: dict[str, Any]) -> str:

@@ -1,0 +1,104 @@
+"""loss_spike's events: a batch that threw the run, and a new stage of the data (#45).
+
+Spikes and throws group into events (a knocked model's loss spikes again as it settles; one
+event lasts until the loss is back). One event far beyond all the others is a batch that
+threw the run (item 4). An event that begins at the first batch of a new input shape, in a
+run where new shapes are rare, is a new stage of the data by design (a length curriculum, a
+new source): the loss jumps because the data changed, and the model re-learns (item 2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..thresholds import Thresholds
+from . import _changes, _data
+from .base import Context
+
+DOMINANT = 10.0
+"""An event (see :func:`batch_event`) whose excess over the level before it, relative to that
+level, is at least this many times every other event's is a batch of its own (a corrupt
+sample), not one of a family: spikes that the loop or the learning rate makes are within an
+order of magnitude of each other, relative to the loss they sit on."""
+EVENT_GAP = 2
+"""Spikes and throws this close (steps between them) are one event: a knocked model's loss
+spikes on the next step or the one after as it settles, while a loop's spikes (every 4th
+step, every N) keep their own events and stay a family."""
+
+def events(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray
+           ) -> list[tuple[int, float, int, list[int]]]:
+    """The spikes and throws ``idx`` (sorted) as events: (first index, largest excess over
+    the level before the first, relative to it; the index where the loss came back to
+    within 1/DOMINANT of the first jump above that level, or the series' end; members).
+    An event takes in every later spike or throw before it came back, or within EVENT_GAP
+    steps of the last (what a knocked model does next)."""
+    out: list[tuple[int, float, int, list[int]]] = []
+    k = 0
+    while k < len(idx):
+        i0 = int(idx[k])
+        level = float(prev[i0]) if i0 else float(loss[i0])
+        size = (float(loss[i0]) - level) / max(abs(level), 1e-12)
+        up = loss[i0:] > level + (float(loss[i0]) - level) / DOMINANT
+        back = np.flatnonzero(~up)
+        end = i0 + (int(back[0]) if len(back) else len(up))
+        members = [i0]
+        k += 1
+        while k < len(idx) and (int(idx[k]) <= end or int(idx[k]) - int(idx[k - 1]) <= EVENT_GAP):
+            j = int(idx[k])
+            size = max(size, (float(loss[j]) - level) / max(abs(level), 1e-12))
+            members.append(j)
+            k += 1
+        out.append((i0, size, end, members))
+    return out
+
+
+def batch_event(ctx: Context, step: np.ndarray, loss: np.ndarray, prev: np.ndarray,
+                idx: np.ndarray) -> tuple[int | None, int]:
+    """(the index of the batch that threw the run, or None; the index where its event ended:
+    the loss back within 1/DOMINANT of the jump, or the series' end).
+
+    The batch is the first step of the event (:func:`events`) that dominates every other
+    (DOMINANT), or of the only one; not one right after a learning-rate jump or during a
+    rising ramp (the rate's doing)."""
+    evs = sorted(events(loss, prev, idx), key=lambda e: -e[1])
+    if not evs or (len(evs) > 1 and evs[0][1] < DOMINANT * evs[1][1]):
+        return None, 0
+    b, _, until, _ = evs[0]
+    if _changes.within(ctx, int(step[b]) - 10, int(step[b])) is not None:
+        return None, 0
+    return b, until
+
+
+def throws(loss: np.ndarray, prev: np.ndarray, sigma: float, th: Thresholds) -> np.ndarray:
+    """Indices of one-step jumps to ≥ (1 + DOMINANT × min_rel_jump) × the level before
+    (``prev``: the median of the previous half window), beyond z σ, from a step still near
+    that level, whether or not the loss came back (one that did not is no spike: the model
+    was knocked back, or thrown into NaN). Its return is not needed, so it must clear the
+    spike's relative floor DOMINANT times over."""
+    t = np.arange(max(1, int(th.window) // 2), len(loss))  # (a full half window before)
+    jump = loss[t] - prev[t]
+    near = loss[t - 1] - prev[t] <= jump / 4
+    hit = (jump > float(th.min_rel_jump) * DOMINANT * np.abs(prev[t])) & (
+        jump > float(th.z) * sigma) & near
+    return t[hit]
+
+
+def new_stages(ctx: Context, r: int, step: np.ndarray, loss: np.ndarray, prev: np.ndarray,
+               idx: np.ndarray) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """(the members of the events that begin at the first batch of a new input shape, in a
+    run where new shapes are rare (_data.RARE_SHAPES); those stages: step, until, the loss
+    before and at the jump). Nothing where the recorder did not count new shapes."""
+    new = _data.new_shape_steps(_data.steps(ctx).get(r))
+    none: tuple[np.ndarray, list[dict[str, float]]] = (np.zeros(0, dtype=int), [])
+    if not new or not len(idx):
+        return none
+    explained: list[int] = []
+    stages: list[dict[str, float]] = []
+    for first, _, end, members in events(loss, prev, idx):
+        if int(step[first]) in new:
+            explained += members
+            stages.append({"step": int(step[first]),
+                           "until": int(step[min(end, len(step) - 1)]),
+                           "level": float(prev[first]), "loss": float(loss[first])})
+    return np.asarray(explained, dtype=int), stages
+
