@@ -174,6 +174,14 @@ def judge_without_shapes(res: dict[str, Any], s: np.ndarray, v: np.ndarray,
         rate, se = quiet_rate(runs, lo, until=first)
         if not np.isfinite(se) or rate >= max(0.5 * left["slope"], SHOWN_Z * se):
             first = lo
+    # and not after where the runs free of new shapes already rose at half the leak's rate,
+    # beyond their noise: both analyses can start late where nearly every early step had a
+    # new shape (a cache's jump of 70 steps' leak at step 36 dated a leak from step 0 at 36)
+    early = quiet_onset(runs, int(s[0]), lo) if first == lo and lo > int(s[0]) else None
+    if early is not None and early < lo:
+        rate, se = quiet_rate(runs, early, until=lo)
+        if np.isfinite(se) and rate >= max(0.5 * left["slope"], SHOWN_Z * se):
+            first = early
     rate, se = quiet_rate(runs, first)  # (a leak must show there: SHOWN_Z)
     res["quiet_rate"] = (rate, se)
     res["shapes"] = {"share": adj[1], "explained": rate < SHOWN_Z * se,

@@ -99,11 +99,14 @@ DOC = {
             "the onset SHOWN_Z standard errors above zero (σ·√runs / steps). No leak left: "
             "per-shape caches (oneDNN, cuDNN plans, recompiles), info; a leak left: its own "
             "rate, dated where those runs begin to rise (the least-squares hinge over their "
-            "samples, each run at its own level), not before the earlier of the raw and "
+            "samples, each run, and each piece of one after a one-off change of ONE_OFF_Z "
+            "robust sigmas, at its own level), not before the earlier of the raw and "
             "adjusted onsets, and that onset when the runs between them rose at half the "
-            "rate beyond their noise or none lies between. Nearly every step a new shape: "
-            "nothing excused, said so. (Reasons and measurements of QUIET, NEIGHBOURS, "
-            "TRIM, EVERY: _workset.py; SHOWN_Z: _quiet.py.)",
+            "rate beyond their noise or none lies between; before it, where the runs "
+            "before it already rose so (the same hinge, searched up to it: both analyses "
+            "start late when nearly every early step had a new shape). Nearly every step "
+            "a new shape: nothing excused, said so. (Reasons and measurements of QUIET, "
+            "NEIGHBOURS, TRIM, EVERY: _workset.py; SHOWN_Z, ONE_OFF_Z: _quiet.py.)",
     "fixes": "Don't keep tensors that hold the graph (use loss.item()/detach() for logging), "
              "clear caches/lists that grow per step, check DataLoader worker copies. On CPU "
              "with input shapes that change every step (variable graphs, token routing, "
