@@ -17,22 +17,23 @@ from tracealyze.analyzer.diagnosis.summary import build_summary
 from tests.runfactory import make_run
 
 N = 500
-S = np.arange(N)
+STEPS = np.arange(N)
 STAGES = (200, 350)
 
 
 def _run(tmp_path, seed: int, shapes: str = "stages", blowup: bool = False):
     rng = np.random.default_rng(seed)
-    loss = (0.002 + 0.6 * np.exp(-S / 25)) * np.exp(rng.normal(0, 0.15, N))
+    s = STEPS
+    loss = (0.002 + 0.6 * np.exp(-s / 25)) * np.exp(rng.normal(0, 0.15, N))
     grad = 0.1 * np.exp(rng.normal(0, 0.2, N))
     for st in STAGES:
-        after = np.clip(S - st, 0, None)
-        loss = loss * (1 + np.where(S >= st, 50 * np.exp(-after / 12.0), 0.0))
-        grad = grad * (1 + np.where(S >= st, 20 * np.exp(-after / 10.0), 0.0))
+        after = np.clip(s - st, 0, None)
+        loss = loss * (1 + np.where(s >= st, 50 * np.exp(-after / 12.0), 0.0))
+        grad = grad * (1 + np.where(s >= st, 20 * np.exp(-after / 10.0), 0.0))
     if blowup:  # the last stage sets off a geometric growth into NaN
-        grow = np.where(S >= STAGES[1], np.exp(0.25 * (S - STAGES[1])), 1.0)
+        grow = np.where(s >= STAGES[1], np.exp(0.25 * (s - STAGES[1])), 1.0)
         grad = grad * grow
-        loss = loss * np.where(S >= STAGES[1], np.sqrt(grow), 1.0)
+        loss = loss * np.where(s >= STAGES[1], np.sqrt(grow), 1.0)
         grad[grad > 1e8] = np.nan
         loss[grad != grad] = np.nan
     new = np.zeros(N)

@@ -123,7 +123,7 @@ def main():
             sched.step()
             rec.step(loss=loss)
             rows.append((loss.item(), gn, lr))
-            if step % 50 == 0 or 30 <= step <= 80 and step % 5 == 0:
+            if step % 50 == 0 or (30 <= step <= 80 and step % 5 == 0):
                 print(f"step {step} lr {lr:.5f} loss {loss.item():.4f} grad_norm {gn:.4g}",
                       flush=True)
     facts(rows)
