@@ -88,7 +88,9 @@ DOC = {
             "_profwin.py). "
             "Info, not a leak: a rise at least WORK_GROWTH of which comes where the work per "
             "step (tokens, else the step time) set a new high (the working set of longer "
-            "sequences or larger images: _workset.py), RSS growing while the heap in "
+            "sequences or larger images: _workset.py; unless the leak shows between new "
+            "input shapes, below, where no step needs more than one before it), RSS "
+            "growing while the heap in "
             "use, recorded beside it, shows no leak (pages the allocator keeps, or memory "
             "outside malloc), and growth that new input shapes explain: where the recorder "
             "counted the batches of new signature (steps.new_shapes), each interval between "
@@ -279,7 +281,10 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         what = {"rss_bytes": "host RSS", "heap_bytes": "host heap in use (malloc)",
                 "cuda_allocated_bytes": "CUDA allocated memory"}[counter]
         ev["with_work_share"] = round(res["with_work"], 3)
-        if res["with_work"] >= WORK_GROWTH:  # (_workset.py: the working set, not a leak)
+        # (_workset.py: the working set, not a leak; unless the leak shows between new
+        # input shapes, where no step needs more memory than one before it)
+        shown = res["shapes"] is not None and not res["shapes"]["explained"]
+        if res["with_work"] >= WORK_GROWTH and not shown:
             out.append(_working_set(counter, what, r, res, ev))
             continue
         if res["shapes"] is not None:  # (_workset.judge_without_shapes)
