@@ -39,6 +39,22 @@ GRAD_Z = 3.0
 """... and the gradient norm's at least this. A clean loss (z ≥ 5 alone) passes whenever its
 gradient norm corroborates at 3; a classifier's loss, noisy per batch, needs the gradient
 norm's clearer shift."""
+LOGGED = "loss alone"
+"""A loss that steps up by at least LOGGED_MIN, NOISE_Z standard errors on its own, at one
+step and for good, while the gradient norm moves by less than half the smallest rescale
+(x1.22):
+what the optimizer follows did not change scale, the value handed to the recorder did
+(``(loss * 1024).backward()`` with the gradients unscaled by hand and the scaled loss logged;
+percent instead of a fraction; a sum over tokens; an auxiliary term whose gradients are small
+next to the others'). Training goes on as before; what follows is judged on the new
+scale."""
+LOGGED_MIN = 10.0
+"""... and by at least an order of magnitude. A loss and its gradients are coupled (near a
+minimum the excess loss goes as the gradient's square), so training that got worse moves the
+gradient norm too, but a loss with a high floor (noisy labels) can rise x2 while its gradient
+moves inside its noise; no training event moves the loss tenfold in one step and leaves the
+gradients where they were. The held-out logged changes were x64 to x65536 (a loss scale, a
+sum over tokens or the batch, percent); smaller loss-only steps stay the divergence rules'."""
 MIN_POINTS = 40
 OFF_SHARE = 0.2
 """A rescale multiplies every tensor's gradient by one factor; more than this share of the
@@ -81,8 +97,14 @@ class Shift:
     grad_factor: float
     span: tuple[int, int] = (0, 0)
     """First and last step of the windows compared (w valid points either side)."""
+    logged: bool = False
+    """The loss alone changed (the gradients stayed where they were): the value recorded
+    changed scale, not what the optimizer follows (grad_factor is then 1)."""
 
     def text(self) -> str:
+        if self.logged:
+            return (f"the recorded loss changed ×{self.factor:.3g} at step {self.step} and "
+                    "stayed there, while the gradient norm did not move")
         return (f"the loss and the gradient norm changed ×{self.factor:.3g} and "
                 f"×{self.grad_factor:.3g} at step {self.step}, and stayed there")
 
@@ -123,10 +145,18 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         if dl < np.log(MIN_FACTOR) or dl < LOSS_Z * se_l:
             continue
         dg = _med(gg[i:i + w]) - _med(gg[i - w:i])
+        # or the loss alone moved, conclusively (NOISE_Z by itself), while the gradient norm
+        # stayed within half the smallest rescale looked for: the value recorded changed
+        # scale (a loss scale applied before logging, other units, a sum), not what the
+        # gradients come from (LOGGED)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alone = dl >= max(NOISE_Z * se_l, np.log(LOGGED_MIN)) and \
+                abs(dg) < np.log(MIN_FACTOR) / 2
         # the gradient norm corroborates: shifted the same way at the same step,
         # significantly (3 standard errors). (Not by the same factor: when one term of a
         # sum is rescaled, the loss and the gradient change by different factors.)
-        if dg * dl <= 0 or abs(dg) < max(GRAD_Z * se_g, np.log(MIN_FACTOR) / 2):
+        if not alone and (dg * dl <= 0 or abs(dg) < max(GRAD_Z * se_g,
+                                                        np.log(MIN_FACTOR) / 2)):
             continue
         # two measurements of one event: together NOISE_Z standard errors (a noisy
         # classifier's loss, ±70% per batch, shows a x2 at 3 standard errors, its gradient
@@ -134,7 +164,7 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         # (a noiseless series: its standard error 0, any shift is beyond it)
         with np.errstate(divide="ignore", invalid="ignore"):
             z = (dl / se_l + abs(dg) / se_g) / np.sqrt(2)
-        if z < NOISE_Z:
+        if z < NOISE_Z and not alone:
             continue
         # A loss not conclusive alone leans on the gradient norm, which must then tell the
         # same story: a rescale multiplies the loss and every gradient by one k, so the
@@ -143,7 +173,7 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         # classifier turning unstable lifts its loss x3 and its gradient norm x1.8 at once:
         # the ratio moves by 3 standard errors; a x2 rescale's by under 2.
         if dl < NOISE_Z * se_l and abs(_med(rg[i:i + w]) - _med(rg[i - w:i])) > 2 * se_r:
-            continue
+            continue  # (never ``alone``: that one is conclusive by itself)
         # abrupt: the step itself already sits at the new level (not a ramp through it)
         if abs((lg[i] - _med(lg[i - w:i])) - dl) > abs(dl) / 2:
             continue
@@ -155,11 +185,19 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         if abs(_med(lg[i - w:i]) - _med(lg[i - 2 * w:i - w])) > abs(dl) / 2:
             continue
         if best is None or abs(dl) > best[0]:
-            best = (abs(dl), i, dl, dg)
+            best = (abs(dl), i, dl, dg, alone)
     if best is None:
         return None
-    _, i, dl, dg = best
-    i = _exact(lg, gg, i, w, se_l, se_g)
+    _, i, dl, dg, alone = best
+    i = _exact(lg, gg, i, w, se_l, 1e12 if alone else se_g)
+    # the value recorded changes at one step, from one level to the other: the step before
+    # at the old level, the step itself at the new one (each within 3 of a point's noise,
+    # or a tenth of the change); a loss that climbs over steps to a worse level is no
+    # rescale of what was logged (a model losing what it knew)
+    tol = max(3 * _sigma(lg), abs(dl) / 10)
+    if alone and not (abs(lg[i] - _med(lg[i:i + w])) <= tol
+                      and abs(lg[i - 1] - _med(lg[i - w:i])) <= tol):
+        return None
     # at the new level from its first step, the loss and the gradient norm alike: a step
     # that overshoots the level that follows by more than the shift itself and far beyond
     # one point's noise (the gradient x1000 where it then holds x8) is a batch that threw
@@ -168,8 +206,10 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         over = series[i] - _med(series[i - w:i]) - d
         if over > max(abs(d), 4 * se * np.sqrt(w / 2) / 1.25):
             return None
-    return Shift(int(idx[i]), int(step[idx[i]]), float(np.exp(dl)), float(np.exp(dg)),
-                 (int(step[idx[max(0, i - w)]]), int(step[idx[min(n - 1, i + w - 1)]])))
+    return Shift(int(idx[i]), int(step[idx[i]]), float(np.exp(dl)),
+                 1.0 if alone else float(np.exp(dg)),
+                 (int(step[idx[max(0, i - w)]]), int(step[idx[min(n - 1, i + w - 1)]])),
+                 logged=bool(alone))
 
 
 def _exact(lg: np.ndarray, gg: np.ndarray, i: int, w: int, se_l: float, se_g: float) -> int:

@@ -35,19 +35,41 @@ def test_a_rescaled_objective_is_found_at_its_step(seed: int) -> None:
     assert objective_shift(step, loss, grad) is None
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_healthy_runs_spikes_and_loss_only_shifts_are_not(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(20))
+def test_healthy_runs_and_spikes_are_not(seed: int) -> None:
     rng = np.random.default_rng(500 + seed)
     n = int(rng.integers(150, 1500))
     step, loss, grad = _run(rng, n)
-    case = seed % 3
-    if case == 1:  # one bad batch: a step that comes back down
+    if seed % 2:  # one bad batch: a step that comes back down
         i = int(rng.integers(10, n - 10))
         loss[i] *= 50
         grad[i] *= 50
-    elif case == 2:  # the loss alone moves (a harder data source): gradients do not follow
-        loss[n // 2:] *= 3
     assert objective_shift(step, loss, grad) is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_loss_alone_stepping_up_for_good_is_a_change_of_what_is_logged(seed: int) -> None:
+    """The gradients stay where they were: what the optimizer follows did not change scale,
+    the value handed to the recorder did (a manual loss scale logged before unscaling, other
+    units). Found at its step, the gradients left as they are (stats/shift.LOGGED); a loss
+    alone that steps up and comes back, or by less than LOGGED_MIN, is not."""
+    rng = np.random.default_rng(700 + seed)
+    n = int(rng.integers(150, 1500))
+    step, loss, grad = _run(rng, n)
+    at = int(rng.integers(int(0.2 * n), int(0.8 * n)))
+    k = float(rng.choice([12.0, 100.0, 1024.0]))
+    up = loss.copy()
+    up[at:] *= k
+    sh = objective_shift(step, up, grad)
+    assert sh is not None and sh.logged and sh.grad_factor == 1.0, sh
+    assert abs(sh.step - at) <= 1 and abs(np.log(sh.factor / k)) < 0.2, (at, sh)
+    back = loss.copy()
+    back[at:at + max(10, n // 40)] *= k  # a stretch that comes back down
+    assert objective_shift(step, back, grad) is None
+    for f in (1.3, 3.0):  # (under LOGGED_MIN: a loss with a high floor can rise so)
+        small = loss.copy()
+        small[at:] *= f
+        assert objective_shift(step, small, grad) is None
 
 
 def test_a_divergence_is_not_a_rescale() -> None:

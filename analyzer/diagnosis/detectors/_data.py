@@ -58,8 +58,11 @@ def steps(ctx: Context) -> dict[int, dict[str, np.ndarray]]:
             sh = objective_shift(d["step"], d["loss"], d["grad_norm"])
             # (not at the first batch of a new input shape: the data changed there, a
             # curriculum's longer sequences, not the loss code)
+            # (and the loss alone, the value logged, not across a resume: a run resumed
+            # without what it had learned loses it at once)
             if sh is not None and not _lr_moved(d, sh.index) and not _to_chance(ctx, d, sh) \
                     and int(d["step"][sh.index]) not in new_shape_steps(d) \
+                    and not (sh.logged and _resumed_near(ctx, sh.step)) \
                     and _one_factor(ctx, sh):
                 shifts[r] = sh
                 d["loss"] = np.concatenate([d["loss"][:sh.index],
@@ -138,6 +141,12 @@ def _one_factor(ctx: Context, sh: Any) -> bool:
     cut = np.r_[0, np.flatnonzero(names[1:] != names[:-1]) + 1, len(names)]
     return one_factor([(norm[a:b][step[a:b] < sh.step], norm[a:b][step[a:b] >= sh.step])
                        for a, b in itertools.pairwise(cut)]) is not False
+
+
+def _resumed_near(ctx: Context, step: int) -> bool:
+    """A ``resumed`` event within 3 steps of ``step``."""
+    return bool(ctx.rows("SELECT count(*) FROM events WHERE kind = 'resumed' AND step "
+                         "BETWEEN ? AND ?", [step - 3, step + 3])[0][0])
 
 
 def _lr_moved(d: dict[str, np.ndarray], i: int) -> bool:

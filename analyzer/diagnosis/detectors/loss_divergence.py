@@ -67,7 +67,10 @@ DOC = {
             "reported at info and the steps after "
             "it are judged on its new scale (an LR that rose into that step explains it "
             "instead; one that fell is the loop compensating a rescale; at the first batch "
-            "of a new input shape, where those are rare, the data changed) — unless a "
+            "of a new input shape, where those are rare, the data changed; and the loss "
+            "alone stepping up for good, NOISE_Z standard errors on its own, while the "
+            "gradient norm moves less than x1.22, is the value recorded changing scale — "
+            "a loss scale logged, other units: stats/shift.LOGGED) — unless a "
             "classifier that had learned (loss under half of ln C) settled at its chance "
             "level after it (0.9–1.25 ln C over the two windows after the first one past "
             "the jump): a model knocked back to "
@@ -87,6 +90,21 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
 
 def _rescaled(r: int, sh: Any) -> Finding:
     """The objective changed scale at one step (stats/shift.py): what it is, at info."""
+    if getattr(sh, "logged", False):
+        return Finding(
+            id=ID, severity="info", subject="loss", first_step=sh.step,
+            title=f"The recorded loss changed scale ×{sh.factor:.3g} at step {sh.step}",
+            message=(f"{sh.text()[:1].upper()}{sh.text()[1:]}: what the optimizer "
+                     "follows did not change scale, the value recorded did (a loss scale "
+                     "or other units applied before logging, a sum instead of a mean, or a "
+                     "term added whose gradients are small next to the others'). Training "
+                     "goes on as before; the loss after it is judged on its new scale."),
+            advice="If it was not meant, log the loss the gradients come from (divide a "
+                   "manual loss scale out before rec.step(loss=...)); log an added term as "
+                   "its own metric (rec.step(loss=..., aux=...)) to follow each.",
+            chart=anchors.LOSS,
+            evidence={"rank": r, "step": sh.step, "loss_factor": sh.factor,
+                      "grad_factor": sh.grad_factor, "logged": True})
     return Finding(
         id=ID, severity="info", subject="loss", first_step=sh.step,
         title=f"The objective was rescaled ×{sh.factor:.3g} at step {sh.step}",
