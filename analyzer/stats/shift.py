@@ -39,22 +39,18 @@ GRAD_Z = 3.0
 """... and the gradient norm's at least this. A clean loss (z ≥ 5 alone) passes whenever its
 gradient norm corroborates at 3; a classifier's loss, noisy per batch, needs the gradient
 norm's clearer shift."""
-LOGGED = "loss alone"
-"""A loss that steps up by at least LOGGED_MIN, NOISE_Z standard errors on its own, at one
-step and for good, while the gradient norm moves by less than half the smallest rescale
-(x1.22):
-what the optimizer follows did not change scale, the value handed to the recorder did
-(``(loss * 1024).backward()`` with the gradients unscaled by hand and the scaled loss logged;
-percent instead of a fraction; a sum over tokens; an auxiliary term whose gradients are small
-next to the others'). Training goes on as before; what follows is judged on the new
-scale."""
 LOGGED_MIN = 10.0
-"""... and by at least an order of magnitude. A loss and its gradients are coupled (near a
-minimum the excess loss goes as the gradient's square), so training that got worse moves the
-gradient norm too, but a loss with a high floor (noisy labels) can rise x2 while its gradient
-moves inside its noise; no training event moves the loss tenfold in one step and leaves the
-gradients where they were. The held-out logged changes were x64 to x65536 (a loss scale, a
-sum over tokens or the batch, percent); smaller loss-only steps stay the divergence rules'."""
+"""The loss alone stepping up by at least this factor, NOISE_Z standard errors on its own, at one
+step and for good, while the gradient norm moves by less than half the smallest rescale (x1.22),
+is the value handed to the recorder changing scale, not what the optimizer follows (``(loss *
+1024).backward()`` with the gradients unscaled by hand and the scaled loss logged; percent
+instead of a fraction; a sum over tokens). Training goes on as before; what follows is judged on
+the new scale. Why an order of magnitude: a loss and its gradients are coupled (near a minimum
+the excess loss goes as the gradient's square), so training that got worse moves the gradient
+norm too, but a loss with a high floor (noisy labels) can rise x2 while its gradient moves
+inside its noise; no training event moves the loss tenfold in one step and leaves the gradients
+where they were. The held-out logged changes were x64 to x65536 (a loss scale, a sum over tokens
+or the batch, percent); smaller loss-only steps stay the divergence rules'."""
 MIN_POINTS = 40
 OFF_SHARE = 0.2
 """A rescale multiplies every tensor's gradient by one factor; more than this share of the
@@ -148,7 +144,7 @@ def objective_shift(step: np.ndarray, loss: np.ndarray, grad_norm: np.ndarray
         # or the loss alone moved, conclusively (NOISE_Z by itself), while the gradient norm
         # stayed within half the smallest rescale looked for: the value recorded changed
         # scale (a loss scale applied before logging, other units, a sum), not what the
-        # gradients come from (LOGGED)
+        # gradients come from (LOGGED_MIN)
         with np.errstate(divide="ignore", invalid="ignore"):
             alone = dl >= max(NOISE_Z * se_l, np.log(LOGGED_MIN)) and \
                 abs(dg) < np.log(MIN_FACTOR) / 2

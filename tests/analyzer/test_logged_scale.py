@@ -1,5 +1,5 @@
 """The recorded loss changes scale while the gradients do not (#45: "a loss ×k"; stats/shift
-LOGGED): a manual static loss scale whose scaled loss is logged, percent instead of a
+LOGGED_MIN): a manual static loss scale whose scaled loss is logged, percent instead of a
 fraction. What the optimizer follows did not change, so training did not get worse: the
 change is said at info and what follows is judged on the new scale. A loss that really
 rises with its gradients, or one raised by a learning-rate jump, is still a divergence."""

@@ -51,7 +51,7 @@ def test_healthy_runs_and_spikes_are_not(seed: int) -> None:
 def test_the_loss_alone_stepping_up_for_good_is_a_change_of_what_is_logged(seed: int) -> None:
     """The gradients stay where they were: what the optimizer follows did not change scale,
     the value handed to the recorder did (a manual loss scale logged before unscaling, other
-    units). Found at its step, the gradients left as they are (stats/shift.LOGGED); a loss
+    units). Found at its step, the gradients left as they are (stats/shift.LOGGED_MIN); a loss
     alone that steps up and comes back, or by less than LOGGED_MIN, is not."""
     rng = np.random.default_rng(700 + seed)
     n = int(rng.integers(150, 1500))

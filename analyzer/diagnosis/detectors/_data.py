@@ -15,6 +15,7 @@ import numpy as np
 
 from ...stats.shift import objective_shift, one_factor
 from ._structure import chance_level, structure
+from ._workset import shape_windows
 from .base import Context
 
 MAX_POINTS = 1000
@@ -86,12 +87,12 @@ def new_shape_steps(d: dict[str, np.ndarray] | None) -> set[int]:
     """The steps (after the first) whose batch had a new input shape (``steps.new_shapes``,
     counted by the recorder for most steps), when such steps are rare (RARE_SHAPES); else
     none."""
-    if d is None or "new_shapes" not in d or not len(d["new_shapes"]):
+    got = shape_windows(d)
+    if got is None:
         return set()
-    n, s = d["new_shapes"], d["step"]
+    s, n = got
     later = np.isfinite(n) & (s > s[0])  # (the first step's batch is always new)
-    if np.isfinite(n).mean() < 0.8 or not later.any() or float(np.mean(n[later] > 0)) > \
-            RARE_SHAPES:
+    if not later.any() or float(np.mean(n[later] > 0)) > RARE_SHAPES:
         return set()
     return {int(x) for x in s[later & (n > 0)]}
 

@@ -146,12 +146,18 @@ def _new_datas(res: Mapping[str, Any], factor: float) -> bool:
     at the end) is the new data's gradient while the model learns it, as the loss's jump
     there is (loss_spike): the loss before it is no level to judge by, the data is not the
     same."""
-    if res.get("stage") is None or res.get("first_nonfinite") is not None or \
-            res.get("into_end"):
-        return False
+    return res.get("stage") is not None and res.get("first_nonfinite") is None and \
+        not res.get("into_end") and _down_since(res, factor) is not None
+
+
+def _down_since(res: Mapping[str, Any], factor: float) -> int | None:
+    """Since when the norms are back down: the crossing when the growth ended sqrt(factor)
+    (half the rise, in logs) below the level it held, else where it settled back to its
+    baseline for the rest of its story (after the crossing), else None."""
     end = res.get("end_level")
-    return res.get("settled_at") is not None or (
-        end is not None and end <= res["held"] / math.sqrt(factor))
+    if end is not None and end <= res["held"] / math.sqrt(factor):
+        return int(res["cross"])
+    return res.get("settled_at")
 
 
 def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window: int
@@ -167,9 +173,7 @@ def _learned_through(ctx: Context, res: Mapping[str, Any], factor: float, window
     the loss x10 for a step, back within 15)."""
     if res.get("first_nonfinite") is not None:
         return False
-    # (settled_at, when there is one, comes after the crossing)
-    since = res["cross"] if res.get("end_level") is not None and (
-        res["end_level"] <= res["held"] / math.sqrt(factor)) else res.get("settled_at")
+    since = _down_since(res, factor)
     levels = _loss_levels(ctx, res, since) if since is not None else None
     if levels is None:
         return False
