@@ -248,6 +248,7 @@ def make_run(
     tensor_every: int = 1,
     activations: Sequence[str] = (),
     activation_stats: Callable[[np.ndarray, str], Mapping[str, Any]] | None = None,
+    activation_every: int = 1,
     rss: Any = "default",
     heap: Any = None,
     cuda_allocated: Any = None,
@@ -272,8 +273,10 @@ def make_run(
     pathology. ``tensors`` is a count (names from :func:`default_tensor_names`) or names in
     model order; ``tensor_norm(steps, name, kind)`` overrides per-tensor norms (return None to
     keep the default for that tensor/kind). ``activations`` are module paths in forward
-    (post-)order, written as kind=activation rows with ``seq``; ``activation_stats(steps,
-    name)`` may return column arrays (``norm``, ``nonfinite``, ``zero_frac`` ...).
+    (post-)order, written as kind=activation rows with ``seq`` (every
+    ``activation_every``-th tensor step, as the debug preset's activation statistics);
+    ``activation_stats(steps, name)`` may return column arrays (``norm``, ``nonfinite``,
+    ``zero_frac`` ...).
     ``cpu`` / ``cpu_queue`` fill ``steps.cpu_s`` / ``cpu_queue_s`` (default: absent, as
     in a run recorded before they were); ``tokens_per_s`` fills ``steps.tokens_per_s``
     (default: absent, as when the recorder was given no token counts), ``new_shapes``
@@ -384,10 +387,11 @@ def make_run(
                     if kind == "update":
                         cols["ratio"] = (norm / pnorm).astype(np.float32)
                     ts_tables.append(to_arrow("tensor_stats", cols))
+            act_steps = ts_steps[ts_steps % activation_every == 0]
             for seq_i, mod in enumerate(activations):
-                k = len(ts_steps)
+                k = len(act_steps)
                 cols = {
-                    "rank": np.full(k, rank, np.int32), "step": ts_steps,
+                    "rank": np.full(k, rank, np.int32), "step": act_steps,
                     "name": pa.array([mod] * k, pa.string()),
                     "kind": pa.array(["activation"] * k, pa.string()),
                     "numel": np.full(k, 4096, np.int64),
@@ -397,7 +401,7 @@ def make_run(
                     "seq": np.full(k, seq_i, np.int32),
                 }
                 if activation_stats is not None:
-                    cols.update(activation_stats(ts_steps, mod) or {})
+                    cols.update(activation_stats(act_steps, mod) or {})
                 ts_tables.append(to_arrow("tensor_stats", cols))
         if ts_tables:
             ts = pa.concat_tables(ts_tables)

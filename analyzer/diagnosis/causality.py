@@ -39,7 +39,8 @@ class Rule:
 # explosion, divergence, NaN or plateau that begins with it is its consequence.
 RULES: tuple[Rule, ...] = (
     Rule("gradient_explosion", ("loss_spike",)),
-    Rule("loss_divergence", ("gradient_explosion", "loss_spike"), slack=5),
+    # dead units make the model's output a constant: the loss jumps to the class prior
+    Rule("loss_divergence", ("gradient_explosion", "loss_spike", "dead_activation"), slack=5),
     Rule("nonfinite", ("gradient_explosion", "loss_divergence", "loss_spike")),
     Rule("loss_spike", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
     # parameters that cannot learn (a graph cut, a block frozen by mistake, a head the

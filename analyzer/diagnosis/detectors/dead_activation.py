@@ -9,7 +9,7 @@ import numpy as np
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _data
+from . import _data, _zero_grads
 from .base import Context
 
 ID = "dead_activation"
@@ -23,9 +23,22 @@ DOC = {
     "meaning": "A module's output is almost always zero (dead ReLU units): it passes no "
                "signal or gradient.",
     "rule": "activation zero_frac averaged over the last window_frac of the run ≥ "
-            "min_zero_frac (needs activation statistics, preset debug); first_step is where "
-            "the module went dead: the start of the unbroken stretch of dead points that "
-            "reaches the window.",
+            "min_zero_frac, or ≥ min_zero_frac at every point from some point to the "
+            "module's last, at least min_points of them (a ReLU that dies gets no gradient "
+            "and cannot come back by itself: dead from a step to the end is dead, wherever "
+            "in the run it died; needs activation statistics, preset debug); first_step is "
+            "where the module went dead: the start of the unbroken stretch of dead points "
+            "that reaches the window, refined between the last live point and the first dead "
+            "one by the per-step gradients: the first step from which more gradient tensors "
+            "are exactly zero than at the last live point, to the first dead point (the "
+            "layers feeding a dead ReLU get exactly none). Without activation statistics "
+            "(the default preset): gradient tensors that had values at min_points recorded "
+            "points or more, then were exactly zero at every recorded point to the end "
+            "(min_points or more over MIN_SPAN steps): an exact zero means every path from "
+            "the loss to them is multiplied by zero (dead ReLUs, a mask or gate held at "
+            "zero; a frozen parameter has no gradient at all, rounding never gives an exact "
+            "zero); dated at the first of them to go, named by the first module in model "
+            "order.",
     "fixes": "Lower the LR, LeakyReLU/GELU, better init, normalisation before the activation.",
 }
 
@@ -33,7 +46,7 @@ DOC = {
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     acts = _data.series_of(ctx, "activation")
     if not acts:
-        return []
+        return _from_gradients(ctx, th)
     nb = int(max(s["bucket"].max() for s in acts.values())) + 1
     start = int(nb * (1 - float(th.window_frac)))
     dead = []
@@ -42,13 +55,18 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if sel.sum() < th.min_points:
             continue
         z = float(np.average(s["zero_frac"][sel], weights=s["n"][sel]))
+        tail = _dead_tail(s, float(th.min_zero_frac))
         if z >= th.min_zero_frac:
             dead.append((z, name, _onset(s, sel, float(th.min_zero_frac))))
+        elif tail >= th.min_points:
+            z = float(np.mean(s["zero_frac"][np.isfinite(s["zero_frac"])][-tail:]))
+            dead.append((z, name, _onset(s, np.zeros_like(sel), float(th.min_zero_frac))))
     if not dead:
         return []
     order = {n: i for i, n in enumerate(_data.model_order(ctx, "activation"))}
     dead.sort(key=lambda x: order.get(x[1], 0))
     z, name, first = dead[0]
+    first = _zero_grads_from(ctx, acts[name], first)
     return [Finding(
         id=ID, severity="warning", subject=name, first_step=first,
         title=f"Dead activations in {len(dead)} module(s)",
@@ -69,3 +87,63 @@ def _onset(s: dict[str, np.ndarray], sel: np.ndarray, dead_at: float) -> int:
     while i > 0 and z[i - 1] >= dead_at:
         i -= 1
     return int(step[i])
+
+
+def _from_gradients(ctx: Context, th: Thresholds) -> list[Finding]:
+    """Without activation statistics: the gradients that went exactly to zero mid-run and
+    stayed there (_zero_grads.py), named by the first module in model order."""
+    dead = _zero_grads.dead_gradients(ctx, int(th.min_points))
+    if not dead:
+        return []
+    since = min(d.since for d in dead)
+    first = next(d for d in dead if d.since == since)
+    mods = list(dict.fromkeys(_zero_grads.module_of(d.name) for d in dead))
+    return [Finding(
+        id=ID, severity="warning", subject=_zero_grads.module_of(first.name),
+        first_step=since,
+        title=f"No gradient reaches {len(dead)} tensor(s) from step {since}: dead units",
+        message=(f"The gradients of {len(dead)} tensor(s) in {len(mods)} module(s) "
+                 f"({', '.join(mods[:6])}{', ...' if len(mods) > 6 else ''}) had values, "
+                 f"then were exactly zero at every recorded step from step {since} to the "
+                 "end. An exact zero means every path from the loss to them is multiplied "
+                 "by zero: ReLUs whose inputs are all negative (dead units, which cannot "
+                 "come back by themselves: no gradient reaches the weights that would "
+                 "revive them), or a mask or gate held at zero. Record with preset='debug' "
+                 "to see the activations."),
+        advice=DOC["fixes"], chart=anchors.ACTIVATIONS,
+        evidence={"tensors": [d.name for d in dead[:20]], "modules": mods[:20],
+                  "count": len(dead), "from_gradients": True})]
+
+
+def _dead_tail(s: dict[str, np.ndarray], dead_at: float) -> int:
+    """How many of the module's last points, unbroken, are dead (zero_frac ≥ ``dead_at``)."""
+    z = s["zero_frac"][np.isfinite(s["zero_frac"])]
+    live = np.flatnonzero(z < dead_at)
+    return len(z) - (int(live[-1]) + 1 if len(live) else 0)
+
+
+def _zero_grads_from(ctx: Context, s: dict[str, np.ndarray], first: int) -> int:
+    """The step the units died, between the last live activation point before ``first`` and
+    ``first`` (activation statistics come every N steps): the first step from which more
+    gradient tensors are exactly zero than at that live point, through ``first`` (the
+    layers feeding a dead ReLU get exactly no gradient from the step it died). ``first``
+    when the gradients do not say (not recorded per step, or no tensor went to zero)."""
+    step = s["step0"][np.isfinite(s["zero_frac"])]
+    before = step[step < first]
+    r = _data.tensor_rank(ctx)
+    if not len(before) or r is None:
+        return first
+    lo = int(before[-1])
+    rows = ctx.rows(
+        "SELECT step, count(*) FILTER (WHERE norm = 0) FROM tensor_stats "
+        "WHERE rank = ? AND kind = 'grad' AND step BETWEEN ? AND ? GROUP BY step "
+        "ORDER BY step", [r, lo, first])
+    if len(rows) < 2 or int(rows[0][0]) != lo:
+        return first
+    base = int(rows[0][1])
+    onset = first
+    for st, zeros in reversed(rows[1:]):  # (the unbroken stretch above the base, to first)
+        if int(zeros) <= base:
+            break
+        onset = int(st)
+    return onset

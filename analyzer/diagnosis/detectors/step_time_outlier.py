@@ -13,7 +13,7 @@ from ...stats.steptime import outliers
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _data, _slowdown
+from . import _data, _machine, _slowdown
 from .base import Context
 
 ID = "step_time_outlier"
@@ -60,7 +60,9 @@ DOC = {
             "relative excesses break nowhere by APART between them and the largest ordinary "
             "step: work that varies, such as long sequences) and a schedule through which "
             "the process's CPU time grew by at least WORK_SHARE of the excess (an "
-            "evaluation every N steps). The finding is dated at the first of the training's "
+            "evaluation every N steps) until that schedule's extra time is WORK_DOMINATES (half) "
+            "of the run's step time or more (warning: the run spends as long on it as on "
+            "training). The finding is dated at the first of the training's "
             "own slow steps; a schedule at its first cycle, also one that fell on a step the "
             "recorder's own work kept from being judged (at least half as slow as its "
             "mildest stall). A second finding: where each step's token count is recorded, "
@@ -136,20 +138,26 @@ def _outliers(ctx: Context, th: Thresholds, rules: dict[int, Any]) -> list[Findi
     if host is not None:
         own = ~host["machine"] | (on if sched is not None else np.zeros(n, dtype=bool))
     elif sched is None:
-        busy = _machine_busy(ctx, best, th.busy_cpu_percent, float(th.others_cores))
+        busy = _machine.busy(ctx, best, th.busy_cpu_percent, float(th.others_cores))
     # What the training's own slow steps were (#45, item 2): stray ones in a continuum with
     # its ordinary steps are its work varying (long sequences, big graphs), a schedule of
     # its own CPU work is work it was asked to do (an evaluation); neither is a stall
     tail = best["tail"] & ~(on if sched is not None else np.zeros(n, dtype=bool))
     work = (sched is not None and host is not None and (hostwait.cpu_share_of(
         host["cpu_busy"], host["excess"], on & own) or 0.0) >= WORK_SHARE)
-    counted = own & ~tail & ~(on if work else np.zeros(n, dtype=bool))
+    # ... until it takes as long as the training itself: scheduled work costing at least
+    # WORK_DOMINATES of the run is no detail of the loop's design any more
+    work_share = (float((best["durs"][on & own] - best["med"]).sum()) / best["total"]
+                  if work else 0.0)
+    dominant = work and work_share >= WORK_DOMINATES
+    counted = own & ~tail & ~(on if work and not dominant else np.zeros(n, dtype=bool))
     own_excess = float((best["durs"][counted] - best["med"]).sum())
     own_share = own_excess / best["total"]
     # (a schedule of at least 4 costly stalls is no noise: its share of the run decides,
     # however short the run; stray slow steps must also cost min_excess_s)
     sev = ("warning" if counted.any() and own_share >= th.warn_time_share
-           and (own_excess >= th.min_excess_s or (sched is not None and not work))
+           and (own_excess >= th.min_excess_s or (sched is not None and not work)
+                or dominant)
            and busy is None else "info")
     i = int(np.argmax(best["durs"]))
     # the finding is dated at the first stall of the costly family among the training's
@@ -164,7 +172,7 @@ def _outliers(ctx: Context, th: Thresholds, rules: dict[int, Any]) -> list[Findi
         first = _earlier_cycle(best, sched, on & own, first)
     k, m = int(fam.sum()), n - int(own.sum())
     title = (f"{int(on.sum())} slow steps every {sched[0]} steps: the training's scheduled "
-             "work" if work else
+             "work" + (f", {100 * work_share:.0f}% of the run" if dominant else "") if work else
              f"{int(on.sum())} stalls every {sched[0]} steps" if sched is not None else
              f"{k} slow step{'s' if k > 1 else ''}" if k else
              f"{int((own & tail).sum())} slow step{'s' if (own & tail).sum() > 1 else ''}: "
@@ -180,7 +188,8 @@ def _outliers(ctx: Context, th: Thresholds, rules: dict[int, Any]) -> list[Findi
                  f"took {1e3 * best['durs'][i]:.0f} ms); together they cost "
                  f"{best['excess']:.1f} s ({100 * best['share']:.1f}% of the run)." + cause
                  + _whose(host, own, float(ex[own].sum()))
-                 + _design(int((own & tail).sum()), int((on & own).sum()) if work else 0)
+                 + _design(int((own & tail).sum()), int((on & own).sum()) if work else 0,
+                           work_share if dominant else None)
                  + (f" The machine was busy with other work meanwhile (CPU {busy[0]:.0f}% "
                     f"during the slow steps, {busy[1]:.0f}% typically): likely not the "
                     "training's own stall." if busy is not None else "")),
@@ -202,14 +211,21 @@ def _outliers(ctx: Context, th: Thresholds, rules: dict[int, Any]) -> list[Findi
                   "machine_cpu_pct_during": busy[0] if busy else None})]
 
 
-def _design(tail: int, work: int) -> str:
-    """The sentence on the slow steps that are the training's work, not stalls."""
+def _design(tail: int, work: int, dominant: float | None = None) -> str:
+    """The sentence on the slow steps that are the training's work, not stalls
+    (``dominant``: the scheduled work's share of the run, where it reached WORK_DOMINATES)."""
     text = ""
     if tail:
         text += (f" {tail} of them sit in a continuum with the ordinary steps (no break of "
                  f"{APART:.0f}x between them and the rest): steps that did more work (long "
                  "sequences, large graphs or batches), not stalls.")
-    if work:
+    if work and dominant is not None:
+        text += (f" The process worked on the CPU through the {work} scheduled ones, and "
+                 f"that work took {100 * dominant:.0f}% of the run's time: more than the "
+                 "training's own steps, so the run would take less than half as long "
+                 "without it. Make it rarer or cheaper, or move it off the training "
+                 "thread.")
+    elif work:
         text += (f" The process worked on the CPU through the {work} scheduled ones: work "
                  "the loop does on purpose (an evaluation, serialising a checkpoint), at "
                  "info; make it rarer or cheaper if its share is too high.")
@@ -310,6 +326,13 @@ WORK_SHARE = 0.5
 """A schedule of slow steps is the training's own scheduled work when the process's CPU time
 grew by at least this share of their excess (hostwait's own_kind line: an evaluation
 computes; a blocking checkpoint write or a sleep sits idle, ~0)."""
+WORK_DOMINATES = 0.5
+"""Scheduled work is reported (warning) once its extra time is at least this share of the
+run's step time: the loop then spends as long on it as on training, and the run would take
+under half as long without it. Below that, an evaluation or a checkpoint every N steps is
+the loop's design and its cost the user's choice (the held-out evaluation every 37 steps at
+27% of a run, a checkpoint every 30 at 40%); a pure-Python debug index rebuilt every 30
+steps took 85-90%."""
 FAMILY = 10.0
 """Slow steps whose excess time is within this factor of the costliest are one family (what
 a schedule would be made of): loss_spike's DOMINANT, for time."""
@@ -358,34 +381,3 @@ def _period(steps: np.ndarray, excess: np.ndarray, judged: np.ndarray | None = N
             if 2 * int(on.sum()) > cycles and (best is None or key > best[0]):
                 best = (key, (gap, phase))
     return best[1] if best is not None else None
-
-
-def _machine_busy(ctx: Context, best: dict[str, Any], limit: float, others_cores: float
-                  ) -> tuple[float, float] | None:
-    """(machine CPU % during the slow steps, typical machine CPU %) when other work kept the
-    machine busy then (system table, sampled in the background); None otherwise."""
-    cores = ctx.run.meta.get("cpu_count")
-    cores = cores if isinstance(cores, int) and cores > 0 else None
-    ends = [float(t) for t in best["ends"] if np.isfinite(t)]
-    if not ends:
-        return None
-    starts = [t - float(d) - 1.0 for t, d in zip(ends, best["durs"], strict=False)]
-    cond = " OR ".join("(time BETWEEN ? AND ?)" for _ in ends[:200])
-    params: list[Any] = [best["rank"]]
-    for a, b in zip(starts[:200], ends[:200], strict=False):
-        params += [a, b + 1.0]
-    during, others, proc = ctx.rows(
-        f"SELECT avg(cpu_percent), avg(cpu_percent - proc_cpu_percent / {cores or 1}), "
-        f"avg(proc_cpu_percent) FROM system WHERE rank = ? AND ({cond})", params)[0]
-    typical, proc_typical = ctx.rows(
-        "SELECT median(cpu_percent), median(proc_cpu_percent) FROM system WHERE rank = ?",
-        [best["rank"]])[0]
-    if during is None or typical is None:
-        return None
-    if proc is not None and proc_typical and proc < 0.5 * proc_typical:
-        return None  # the training process itself went idle: its own stall (I/O, a lock)
-    if during >= limit and during >= typical + 20.0:
-        return float(during), float(typical)
-    if cores is not None and others is not None and others * cores / 100.0 >= others_cores:
-        return float(during), float(typical)
-    return None

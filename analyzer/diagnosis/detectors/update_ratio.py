@@ -25,7 +25,10 @@ DOC = {
     "meaning": "Parameter updates are far too large or too small relative to the weights "
                "(healthy is around 1e-3 per step).",
     "rule": "per tensor, geometric mean of ratio = ‖update‖/‖param‖ over the last "
-            "window_frac of the run > high or < low (exact-zero updates count as low).",
+            "window_frac of the run > high or < low (exact-zero updates count as low); "
+            "first_step is where the unbroken stretch of points out of range that runs to "
+            "the tensor's last point began, when that is inside the window (units that died "
+            "mid-run), else the window's start.",
     "fixes": "Too high: lower the LR, warm-up, clip. Too low / zero: raise the LR, check the "
              "optimizer holds these parameters, weight decay vs LR, frozen layers.",
 }
@@ -66,6 +69,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         s = upd[name]
         first = int(s["step0"][np.searchsorted(s["bucket"], start)]) if start <= s[
             "bucket"].max() else int(s["step0"][0])
+        first = max(first, _stretch_from(s, which, th))
         total = len(upd)
         if which == "high":
             title = f"Updates too large in {len(items)} tensor(s)"
@@ -86,3 +90,17 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                       "count": len(items), "tensors_total": total,
                       "log10_ratio": math.log10(val) if val > 0 else None}))
     return out
+
+
+def _stretch_from(s: dict[str, np.ndarray], which: str, th: Thresholds) -> int:
+    """The first step of the unbroken stretch of points out of range (``which`` side, or
+    mostly zero updates for "low") that runs to the tensor's last point: where the updates
+    went wrong when that happened inside the judged window (units that died mid-run), not
+    the window's start. -1 when the last point is not out of range."""
+    lr = s["log_ratio"]
+    with np.errstate(invalid="ignore"):
+        bad = (lr > math.log(th.high)) if which == "high" else (
+            (s["n_ratio_zero"] >= 0.5 * s["n"]) | (lr < math.log(th.low)))
+    good = np.flatnonzero(~bad)
+    i = int(good[-1]) + 1 if len(good) else 0
+    return int(s["step0"][i]) if i < len(bad) else -1
