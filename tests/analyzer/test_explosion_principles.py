@@ -170,3 +170,21 @@ def test_a_growth_out_of_its_range_for_steps_keeps_its_onset(seed):
     x[213:] = top + 3.7 + np.arange(240 - 213)
     need = float(np.log(10))
     assert single_jump(x, j, 213, need, 50, 217) == j
+
+
+@pytest.mark.parametrize("ramp", [False, True])
+def test_a_jump_into_nan_is_named_as_a_jump_not_a_steady_rise(tmp_path, ramp):
+    """A resume at ×100 the rate at step 240, the loss NaN three steps later: the NaN came
+    after that jump (not "as the learning rate rose steadily from step 0"); the same ×100
+    spread over the 40 steps before the NaN is a steady rise."""
+    lr = np.where(S >= 240, 0.3, 0.003) if not ramp else \
+        0.003 * 100 ** np.clip((S - 203) / 40, 0, 1)
+    loss = 2.0 * np.exp(-S / 60) + 0.5 + 0.02 * np.random.default_rng(0).normal(size=len(S))
+    loss[243:] = np.nan
+    run = make_run(tmp_path, steps=300, loss=loss, lr=lr)
+    (f,) = [x for x in build_summary(run)["findings"] if x["id"] == "nonfinite"]
+    if ramp:
+        assert "learning rate rose steadily" in f["message"], f["message"]
+    else:
+        assert "rose steadily" not in f["message"], f["message"]
+        assert "3 step(s) after the learning rate went from 0.003 to 0.3" in f["message"]

@@ -10,6 +10,7 @@ Smooth schedules (warm-up, cosine decay) are not changes: a change is a jump of 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,11 @@ def lr_ramp(ctx: Context, lo: int, hi: int) -> dict[str, Any] | None:
     if lr[i] < RAMP_FACTOR * lr[j] or lr[i] <= lr[k] * 1.01 or j >= i:
         return None
     f = float(lr[i] / lr[j])
+    # a rise that one step made most of (half of it or more, in logs) is a jump, not a ramp
+    # (lr_changes names it): a ×100 resume at step 240 is no steady rise from step 0
+    steps_up = np.diff(np.log(lr[j:i + 1]))
+    if len(steps_up) and float(steps_up.max()) >= 0.5 * math.log(f):
+        return None
     return {"step": int(step[j]), "kind": "lr_ramp", "from": float(lr[j]), "to": float(lr[i]),
             "factor": f,
             "text": f"the learning rate rose steadily ×{f:.3g}, from {lr[j]:.3g} at step "

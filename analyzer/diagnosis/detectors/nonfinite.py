@@ -263,7 +263,10 @@ def _anomaly_text(a: dict[str, Any]) -> str:
 def _lr_context(ctx: Context, first: int) -> str:
     """A learning rate rising into the NaN (a ramp, an endless warm-up) is named as its
     likely cause; else the early-LR note."""
-    ramp = _changes.lr_ramp(ctx, first - 10, first)
-    if ramp is not None:
-        return f" It came as {ramp['text']}."
+    cause = _changes.within(ctx, first - 10, first)
+    if cause is not None and cause["kind"] == "lr_ramp":
+        return f" It came as {cause['text']}."
+    if cause is not None:
+        return (f" It came {first - cause['step']} step(s) after {cause['text']}."
+                if first > cause["step"] else f" It came as {cause['text']}.")
     return _changes.early_lr_note(ctx, first)
