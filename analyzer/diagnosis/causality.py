@@ -37,12 +37,17 @@ class Rule:
 # gradients explode, the loss diverge, spike and turn NaN; after that it plateaus.
 # A batch that threw the run (a loss spike that stands out, evidence.batch) starts it: the
 # explosion, divergence, NaN or plateau that begins with it is its consequence.
+# Units that die change the model's function at their step: the loss jumps (to the class
+# prior when nothing passes), the layers after them see new inputs and their gradients jump;
+# those begin with the death (dead_activation, dated where the gradients went exactly to
+# zero). Units killed by an update (one bad batch's, an exploding one's) die after it.
 RULES: tuple[Rule, ...] = (
-    Rule("gradient_explosion", ("loss_spike",)),
-    # dead units make the model's output a constant: the loss jumps to the class prior
+    Rule("gradient_explosion", ("loss_spike", "dead_activation")),
     Rule("loss_divergence", ("gradient_explosion", "loss_spike", "dead_activation"), slack=5),
     Rule("nonfinite", ("gradient_explosion", "loss_divergence", "loss_spike")),
-    Rule("loss_spike", ("gradient_explosion", "loss_divergence", "nonfinite"), slack=5),
+    Rule("loss_spike", ("dead_activation", "gradient_explosion", "loss_divergence",
+                        "nonfinite"), slack=5),
+    Rule("dead_activation", ("loss_spike", "gradient_explosion")),
     # parameters that cannot learn (a graph cut, a block frozen by mistake, a head the
     # optimizer does not hold) explain a loss that does not fall
     Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite",
@@ -65,6 +70,8 @@ _IDLE_CAUSE = {"host_sync": "host_sync", "dataloader_bottleneck": "input_bound"}
 
 
 def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
+    if "dead_activation" in (cause.id, symptom.id):
+        return _dead(cause, symptom, rule)
     if cause.id in _COVERAGE and cause.severity == "info":
         return False  # a block frozen on purpose is context, not a cause
     if cause.id == "loss_divergence" and "loss_factor" in cause.evidence:
@@ -98,6 +105,25 @@ def _explains(cause: Finding, symptom: Finding, rule: Rule) -> bool:
         return (symptom.evidence.get("cause") == "leak"
                 and cause.subject == "cuda_allocated_bytes")
     return True
+
+
+def _dead(cause: Finding, symptom: Finding, rule: Rule) -> bool:
+    """Dead units explain what began at their step or after (a dead forward makes that
+    step's loss and the later layers' gradients: no slack before it, but for the slow
+    symptoms whose onsets blur); they are explained by an update before them (a batch that
+    threw the run, an explosion) that they followed within BATCH_LEAD steps and the rule's
+    slack, never by what began at their own step."""
+    if cause.first_step is None or symptom.first_step is None:
+        return False
+    if cause.id == "dead_activation":
+        return cause.first_step <= symptom.first_step + (
+            rule.slack if symptom.id in ("loss_divergence", "loss_plateau", "update_ratio",
+                                         "vanishing_gradient") else 0)
+    if cause.first_step >= symptom.first_step:
+        return False
+    if cause.id == "loss_spike":
+        return bool(cause.evidence.get("batch")) and _began_with(symptom, cause, rule.slack)
+    return symptom.first_step - cause.first_step <= BATCH_LEAD + rule.slack
 
 
 BATCH_LEAD = 10

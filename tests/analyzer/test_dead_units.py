@@ -45,10 +45,11 @@ def _summary(tmp_path, name, **kw):
 def test_gradients_that_die_mid_run_are_dead_units_dated_at_their_step(tmp_path, dies):
     """Without activation statistics: the hidden layers' gradients exactly zero from
     ``dies`` to the end (early, at the middle, in the last eighth): dead units, dated
-    there, named by the first module in model order."""
+    there, named by the module at whose output the gradient stops (the last whose tensors
+    are all dead: head.weight gets none, head.bias still learns)."""
     fs = _summary(tmp_path, f"d{dies}", tensor_norm=_grads(dies))
     (f,) = [f for f in fs if f["id"] == "dead_activation"]
-    assert f["first_step"] == dies and f["subject"] == "stem.fc", f
+    assert f["first_step"] == dies and f["subject"] == "block", f
     assert f["evidence"]["count"] == 5 and "head.bias" not in f["evidence"]["tensors"]
     assert f["severity"] == "warning"
 
@@ -98,3 +99,51 @@ def test_activations_alive_throughout_leave_zero_gradients_unnamed(tmp_path):
                   activations=["stem.act", "block.act"],
                   activation_stats=lambda s, n: {"zero_frac": np.full(len(s), 0.3)})
     assert not [f for f in fs if f["id"] == "dead_activation"]
+
+
+@pytest.mark.parametrize(("names", "dead", "where"), [
+    # a ResNet whose first stage died: the next stage's bias-less conv and its BatchNorm's
+    # weight read the dead output (no gradient for them), the BatchNorm's bias learns
+    (["conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv.weight", "layer1.0.bn.weight",
+      "layer1.0.bn.bias", "layer2.0.conv.weight", "layer2.0.bn.weight", "layer2.0.bn.bias",
+      "fc.weight", "fc.bias"],
+     7, "layer1"),
+    # a GPT's first block died (the token embedding is tied to the head: it learns)
+    (["wte.weight", "wpe.weight", "h.0.attn.weight", "h.0.attn.bias", "h.0.mlp.weight",
+      "h.0.mlp.bias", "h.1.ln.weight", "h.1.ln.bias", "head.bias"],
+     None, "h.0"),
+    # an MLP whose hidden ReLUs died: the head's weight reads them, its bias learns
+    (["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "head.weight", "head.bias"],
+     5, "fc2"),
+])
+def test_the_gradient_stops_where_the_units_died(names, dead, where):
+    from tracealyze.analyzer.diagnosis.detectors._zero_grads import Dead, where_it_stops
+
+    gone = names[:dead] if dead is not None else names[1:6]
+    assert where_it_stops([Dead(n, 100, 50) for n in gone], names) == where
+
+
+def _f(fid: str, step: int, severity: str = "error", **evidence):
+    from tracealyze.analyzer.diagnosis.findings import Finding
+
+    return Finding(id=fid, severity=severity, title=fid, message="", first_step=step,
+                   evidence=evidence)
+
+
+@pytest.mark.parametrize("dead_at", [150, 151, 160])
+def test_units_dead_at_a_batch_explain_it_units_dead_after_it_are_its(dead_at):
+    """Units dead from the step the loss jumped made that step's loss (a dead forward):
+    the death is the root. Units that die after a batch threw the run were killed by its
+    update: the batch is the root. Never both ways."""
+    from tracealyze.analyzer.diagnosis.causality import link
+
+    spike = _f("loss_spike", 150, "warning", batch={"step": 150, "until": 170, "level": 0.5})
+    out = link([spike, _f("gradient_explosion", 150),
+                _f("dead_activation", dead_at, "warning")])
+    root = out[0]
+    if dead_at == 150:
+        assert root.id == "dead_activation" and set(root.explains) == {
+            "loss_spike", "gradient_explosion"}, [(f.id, f.caused_by) for f in out]
+    else:
+        assert root.id == "loss_spike" and "dead_activation" in root.explains, \
+            [(f.id, f.caused_by) for f in out]

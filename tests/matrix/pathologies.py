@@ -24,6 +24,7 @@ LOG0_STEP = 200        # log0: a hand-written loss takes log(0) here
 RESCALE_STEP = 150     # loss_x2: the objective is multiplied by 2 from here (a loss weight)
 BAD_BATCH_STEP = 170   # bad_batch: one batch's loss is 100x the others' here
 STALL_EVERY = 50       # periodic_stall: a synchronous checkpoint every this many steps
+DEAD_STEP = 150        # dead_units: the cut module's units die here (inputs all negative)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +104,11 @@ class Pathology:
     to a fast step, and a busy machine stretches the step (the truth then depended on the
     load: 26/45 with two recordings on 2 cores). With a floor: next to a 3 ms step, three
     steps' wait is under a second over the whole run, a large share of almost nothing."""
+    dead_from: int | None = None
+    """From this step the spec's ``cut`` module's output goes through a ReLU whose inputs
+    are all far below zero (a bias pushed down by a bug, units killed by one huge update):
+    the output and every gradient through it exactly zero, and no gradient ever again to
+    revive them."""
     loss_factor: Callable[[int], float] | None = None
     """step -> a factor on the loss (and so on every gradient) at that step."""
     needs: str = ""
@@ -231,6 +237,13 @@ PATHOLOGIES: dict[str, Pathology] = {
     "periodic_stall": Pathology(
         truth=Truth(ids=("step_time_outlier",), step=STALL_EVERY - 1),
         stall_every=STALL_EVERY, stall_s=0.3),
+    # units that die mid-run (#45: dead units -> no gradient upstream -> plateau): found
+    # from the gradients (the standard preset records no activations), at their step, named
+    # where the gradient stops
+    "dead_units": Pathology(
+        truth=Truth(ids=("dead_activation",), subject=lambda spec: spec.cut_subject,
+                    step=DEAD_STEP),
+        dead_from=DEAD_STEP, needs="cut"),
     # one corrupt batch (a sample 100x out of scale): found at its own step, whatever it
     # sets off afterwards
     "bad_batch": Pathology(

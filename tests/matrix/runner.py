@@ -144,6 +144,16 @@ def _set_up(spec: ModelSpec, p: Pathology, model: nn.Module, state: dict[str, in
     if p.detach:
         model.get_submodule(spec.cut).register_forward_hook(
             lambda _m, _a, out: out.detach())  # the graph-cut bug
+    if p.dead_from is not None:
+        start = p.dead_from
+
+        def die(_m: nn.Module, _a: Any, out: Any) -> Any:
+            if state["step"] < start:
+                return None
+            if isinstance(out, tuple):  # (transformers' blocks: hidden states first)
+                return (torch.relu(out[0] - 1e4), *out[1:])
+            return torch.relu(out - 1e4)  # every unit's input far below zero: dead
+        model.get_submodule(spec.cut).register_forward_hook(die)
     if p.freeze:
         model.get_submodule(spec.freeze).requires_grad_(False)
     if p.unused:

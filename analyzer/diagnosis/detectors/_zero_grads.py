@@ -60,3 +60,40 @@ def dead_gradients(ctx: Context, min_points: int) -> list[Dead]:
 def module_of(param: str) -> str:
     """The module that holds a parameter (``fc1.weight`` → ``fc1``)."""
     return param.rsplit(".", 1)[0] if "." in param else param
+
+
+def where_it_stops(dead: list[Dead], names: list[str]) -> str:
+    """The module at whose output the gradient stops. ``names``: every gradient tensor's
+    name in model order. The dead tensors from the first one on, unbroken in model order,
+    are the layers before the dead units and the one whose output died; after them come
+    the layers that read the dead output: a layer's weight gets no gradient when its input
+    is dead, but its bias still learns (it is not all dead), and a weight-only layer (a
+    convolution before BatchNorm) last among the all-dead ones, with a live tensor or a
+    reader after it, is such a reader too.
+    The last all-dead module of that run, not such a reader, climbed to the highest module
+    holding only dead tensors."""
+    gone = {d.name for d in dead}
+    order = [n for n in names if n in gone] and names
+    i = next(k for k, n in enumerate(order) if n in gone)
+    j = i
+    while j < len(order) and order[j] in gone:
+        j += 1
+    run = order[i:j]
+    live_next = j < len(order)
+
+    def inside(mod: str) -> list[str]:
+        return [n for n in names if n.startswith(mod + ".")]
+
+    def all_dead(mod: str) -> bool:
+        return bool(inside(mod)) and all(n in gone for n in inside(mod))
+
+    mods = list(dict.fromkeys(module_of(n) for n in run))
+    whole = [m for m in mods if all_dead(m)]
+    if len(whole) > 1 and len(inside(whole[-1])) == 1 and (live_next or whole[-1] != mods[-1]):
+        whole = whole[:-1]  # (a weight-only reader of the dead output)
+    if not whole:
+        return module_of(run[-1])
+    mod = whole[-1]
+    while "." in mod and all_dead(module_of(mod)):
+        mod = module_of(mod)
+    return mod

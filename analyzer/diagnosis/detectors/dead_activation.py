@@ -37,8 +37,9 @@ DOC = {
             "(min_points or more over MIN_SPAN steps): an exact zero means every path from "
             "the loss to them is multiplied by zero (dead ReLUs, a mask or gate held at "
             "zero; a frozen parameter has no gradient at all, rounding never gives an exact "
-            "zero); dated at the first of them to go, named by the first module in model "
-            "order.",
+            "zero); dated at the first of them to go, named by the module at whose output "
+            "the gradient stops (the highest module holding only dead tensors around the "
+            "last whole dead module in model order).",
     "fixes": "Lower the LR, LeakyReLU/GELU, better init, normalisation before the activation.",
 }
 
@@ -91,22 +92,24 @@ def _onset(s: dict[str, np.ndarray], sel: np.ndarray, dead_at: float) -> int:
 
 def _from_gradients(ctx: Context, th: Thresholds) -> list[Finding]:
     """Without activation statistics: the gradients that went exactly to zero mid-run and
-    stayed there (_zero_grads.py), named by the first module in model order."""
+    stayed there (_zero_grads.py), named by the module at whose output they stop."""
     dead = _zero_grads.dead_gradients(ctx, int(th.min_points))
     if not dead:
         return []
     since = min(d.since for d in dead)
-    first = next(d for d in dead if d.since == since)
+    names = _data.model_order(ctx, "grad") or list(_data.series_of(ctx, "grad"))
+    where = _zero_grads.where_it_stops(dead, names)
     mods = list(dict.fromkeys(_zero_grads.module_of(d.name) for d in dead))
     return [Finding(
-        id=ID, severity="warning", subject=_zero_grads.module_of(first.name),
+        id=ID, severity="warning", subject=where,
         first_step=since,
         title=f"No gradient reaches {len(dead)} tensor(s) from step {since}: dead units",
         message=(f"The gradients of {len(dead)} tensor(s) in {len(mods)} module(s) "
                  f"({', '.join(mods[:6])}{', ...' if len(mods) > 6 else ''}) had values, "
                  f"then were exactly zero at every recorded step from step {since} to the "
-                 "end. An exact zero means every path from the loss to them is multiplied "
-                 "by zero: ReLUs whose inputs are all negative (dead units, which cannot "
+                 f"end: the gradient stops at the output of {where}. An exact zero "
+                 "means every path from the loss to them is multiplied by zero: ReLUs "
+                 "whose inputs are all negative (dead units, which cannot "
                  "come back by themselves: no gradient reaches the weights that would "
                  "revive them), or a mask or gate held at zero. Record with preset='debug' "
                  "to see the activations."),

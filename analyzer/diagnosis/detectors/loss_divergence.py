@@ -50,7 +50,9 @@ DOC = {
             "diverging loss is turbulent itself). A loss that turns nonfinite without "
             "rising first is the nonfinite finding's. A learning-rate jump just before the "
             "onset is named as its cause. Onset: where the smoothed loss leaves its best "
-            "level for good by a tenth of the rise; a batch that threw the run (loss_spike) "
+            "level for good by a tenth of the rise, or by two sigmas of the loss's step noise "
+            "where that is more (at most half the rise: a bar inside the noise is crossed "
+            "by noise); a batch that threw the run (loss_spike) "
             "before the loss had risen half way dates it. Also a loss that never recovered: "
             "in a run "
             "recorded from step 0, the smoothed loss climbs more than blowup × |step-0 "
@@ -181,8 +183,12 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
                                 l0=init, noise=step_noise)
     level = end if not tail_nonfinite else float("inf")
     # onset: the first raw loss after the best that leaves the best level by a tenth of
-    # the rise, and the smoothed loss stays above that from there
-    onset_level = best + 0.1 * min(end - best, 10 * max(ref, abs(best)))
+    # the rise, and the smoothed loss stays above that from there; the bar sits at least
+    # two step-noise sigmas above the best level (up to half the rise): a bar inside the
+    # noise is crossed by noise, and a noisy loss that jumps to a new level was dated
+    # twenty steps before its jump (BERT whose units died at 150: "rose from step 131")
+    onset_level = best + max(0.1 * min(end - best, 10 * max(ref, abs(best))),
+                             min(2 * noise, 0.5 * (end - best)))
     first = int(step[min(departure(loss, sm, ib, onset_level, w), len(step) - 1)])
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
     # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)
