@@ -73,7 +73,9 @@ def where_it_stops(dead: list[Dead], names: list[str]) -> str:
     The last all-dead module of that run, not such a reader, climbed to the highest module
     holding only dead tensors."""
     gone = {d.name for d in dead}
-    order = [n for n in names if n in gone] and names
+    order = names
+    if not any(n in gone for n in order):
+        return module_of(dead[0].name)
     i = next(k for k, n in enumerate(order) if n in gone)
     j = i
     while j < len(order) and order[j] in gone:

@@ -51,6 +51,7 @@ DOC = {
             "rising first is the nonfinite finding's. A learning-rate jump just before the "
             "onset is named as its cause. Onset: where the smoothed loss leaves its best "
             "level for good by a tenth of the rise, or by two sigmas of the loss's step noise "
+            "(up to its best, or in a smoothing window either side of its best, the larger) "
             "where that is more (at most half the rise: a bar inside the noise is crossed "
             "by noise); a batch that threw the run (loss_spike) "
             "before the loss had risen half way dates it. Also a loss that never recovered: "
@@ -186,15 +187,21 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
     # the rise, and the smoothed loss stays above that from there; the bar sits at least
     # two step-noise sigmas above the best level (up to half the rise): a bar inside the
     # noise is crossed by noise, and a noisy loss that jumps to a new level was dated
-    # twenty steps before its jump (BERT whose units died at 150: "rose from step 131")
+    # twenty steps before its jump (BERT whose units died at 150: "rose from step 131").
+    # The noise is the larger of the loss's up to its best and around its best (a window
+    # either side: the level the departure leaves, before any turbulence of the rise): a
+    # loss learnt smoothly is noisier at its best
+    reach = np.flatnonzero(after >= end - 0.1 * (end - best))
+    k = ib + int(reach[0]) if len(reach) else len(loss) - 1
+    near = loss[max(0, ib - w):ib + w + 1]
+    local = _stats.mad_sigma(np.diff(near)) / np.sqrt(2.0) if len(near) >= 10 else 0.0
     onset_level = best + max(0.1 * min(end - best, 10 * max(ref, abs(best))),
-                             min(2 * noise, 0.5 * (end - best)))
+                             min(2 * max(noise, local), 0.5 * (end - best)))
     first = int(step[min(departure(loss, sm, ib, onset_level, w), len(step) - 1)])
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
     # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)
     # its final level: the jump that caused it comes before that
-    reach = np.flatnonzero(after >= end - 0.1 * (end - best))
-    clear = int(step[ib + int(reach[0])]) if len(reach) else first
+    clear = int(step[k]) if len(reach) else first
     # a divergence that had not risen half way before a batch threw the run began with the
     # batch (bad batch -> spike -> divergence; gradient_explosion dates its growth alike)
     thrown = loss_spike.batch_span(ctx)
