@@ -10,8 +10,10 @@ appends to it). A recorded step is one optimizer step, numbered as the Trainer's
 ``global_step`` (from 0). What comes from where:
 
 * gradients — after the last micro-batch's backward and, under fp16, after the scaler
-  unscaled them, **before clipping**: the norms come from ``clip_grad_norm_``'s own pass
-  (accelerate calls it), the rest from a hook on the optimizer inside accelerate's wrapper;
+  unscaled them, **before clipping**: the norms come from torch's own pass for the clip
+  (accelerate calls ``clip_grad_norm_``, or from 1.x ``torch.nn.utils.get_total_norm`` then
+  ``clip_grads_with_norm_``), the rest from a hook on the optimizer inside accelerate's
+  wrapper;
 * loss — the sum over the step's micro-batches of the tensors ``backward()`` ran on (the
   Trainer divides each by the accumulation steps, so this is the step's mean loss; under
   fp16 the loss before scaling);

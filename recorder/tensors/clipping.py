@@ -17,6 +17,9 @@ gradients again:
   ``foreach=False``) goes to torch's function as is.
 * ``_clip_grads_with_norm_`` is wrapped to note ``max_norm`` (a Python number; no device
   work).
+* both also under their public names in ``torch.nn.utils`` (``get_total_norm``,
+  ``clip_grads_with_norm_``), which were bound when torch was imported: accelerate 1.x clips
+  through those (looked up at call time), not through ``clip_grad_norm_``.
 
 Frameworks that call ``torch.nn.utils.clip_grad_norm_`` (transformers/accelerate under DDP,
 Lightning's precision plugins, nanoGPT) are covered; FSDP's ``model.clip_grad_norm_`` and
@@ -112,6 +115,17 @@ def _clip_with_norm(parameters: Any, max_norm: float, total_norm: torch.Tensor,
     _originals["_clip_grads_with_norm_"](parameters, max_norm, total_norm, foreach)
 
 
+PUBLIC = {"get_total_norm": "_get_total_norm", "clip_grads_with_norm_": "_clip_grads_with_norm_"}
+"""torch.nn.utils' public names for the two functions, bound to them when torch was
+imported: code that calls ``torch.nn.utils.get_total_norm`` and ``clip_grads_with_norm_``
+itself (accelerate >= 1.x clips through them, not through ``clip_grad_norm_``) reaches them
+there, not through clip_grad's module globals, and is wrapped there too."""
+
+
+def _wrappers() -> dict[str, Any]:
+    return {"_get_total_norm": _total_norm, "_clip_grads_with_norm_": _clip_with_norm}
+
+
 def install(key: int, on_norms: Callable[[list[torch.Tensor]], Sink | None],
             on_clip: Callable[[float], None]) -> bool:
     """Listen to clipping for one recorder (``key``: its id). False when this torch has no
@@ -120,12 +134,17 @@ def install(key: int, on_norms: Callable[[list[torch.Tensor]], Sink | None],
     mod = _module()
     if not (hasattr(mod, "_get_total_norm") and hasattr(mod, "_clip_grads_with_norm_")):
         return False
+    import torch.nn.utils as public
+
     with _lock:
         if not _originals:
-            _originals["_get_total_norm"] = mod._get_total_norm
-            _originals["_clip_grads_with_norm_"] = mod._clip_grads_with_norm_
-            mod._get_total_norm = _total_norm
-            mod._clip_grads_with_norm_ = _clip_with_norm
+            for name, wrapper in _wrappers().items():
+                _originals[name] = getattr(mod, name)
+                setattr(mod, name, wrapper)
+            for pub, name in PUBLIC.items():
+                if getattr(public, pub, None) is _originals[name]:  # (not someone else's)
+                    _originals[pub] = _originals[name]
+                    setattr(public, pub, _wrappers()[name])
         _listeners[key] = (on_norms, on_clip)
     return True
 
@@ -137,11 +156,17 @@ def uninstall(key: int) -> None:
         _listeners.pop(key, None)
         if _listeners or not _originals:
             return
+        import torch.nn.utils as public
+
         mod = _module()
-        if mod._get_total_norm is _total_norm:
-            mod._get_total_norm = _originals["_get_total_norm"]
-        if mod._clip_grads_with_norm_ is _clip_with_norm:
-            mod._clip_grads_with_norm_ = _originals["_clip_grads_with_norm_"]
-        if mod._get_total_norm is not _total_norm and \
-                mod._clip_grads_with_norm_ is not _clip_with_norm:
+        put_back = True
+        for name, wrapper in _wrappers().items():
+            if getattr(mod, name) is wrapper:
+                setattr(mod, name, _originals[name])
+            put_back &= getattr(mod, name) is not wrapper
+        for pub, name in PUBLIC.items():
+            if pub in _originals and getattr(public, pub, None) is _wrappers()[name]:
+                setattr(public, pub, _originals[pub])
+            put_back &= getattr(public, pub, None) is not _wrappers()[name]
+        if put_back:
             _originals.clear()

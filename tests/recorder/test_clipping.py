@@ -95,3 +95,40 @@ def test_clipped_norms_keep_the_configured_cadence(tmp_path: Path) -> None:
     with_norm = sorted(i for i, s in steps.items() if s["grad_norm"] is not None)
     assert with_norm == [0, 4, 8]
     assert all(steps[i]["grad_clip_max"] == 0.05 for i in steps)
+
+
+def test_clipping_through_torchs_public_two_step_api_is_seen(tmp_path: Path) -> None:
+    """accelerate 1.x clips with ``torch.nn.utils.get_total_norm`` then
+    ``clip_grads_with_norm_`` (looked up at call time, as HF Trainer's clipping does): the
+    norms recorded are those before clipping, the threshold is noted, training is bitwise
+    unchanged, and torch's public names are put back when the recorder closes."""
+    originals = (nn.utils.get_total_norm, nn.utils.clip_grads_with_norm_)
+
+    def loop(model, opt, rec=None):
+        pre = []
+        for x, y in batches(8):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+            grads = [p.grad for p in model.parameters()]
+            total = get_total_norm(grads)
+            pre.append(float(total))
+            clip_grads_with_norm_(list(model.parameters()), 0.05, total)
+            opt.step()
+            if rec is not None:
+                rec.step(loss=loss)
+        return pre
+
+    ref = tiny_model()
+    pre = loop(ref, torch.optim.SGD(ref.parameters(), lr=0.1))
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Recorder(tmp_path / "run", model=model, optimizer=opt, **FAST) as rec:
+        loop(model, opt, rec)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p, q)
+    for i, s in steps_by_number(tmp_path / "run").items():
+        assert abs(s["grad_norm"] - pre[i]) <= 1e-5 * pre[i], (i, s["grad_norm"], pre[i])
+        assert s["grad_clip_max"] == 0.05
+    assert (nn.utils.get_total_norm, nn.utils.clip_grads_with_norm_) == originals
