@@ -162,3 +162,28 @@ def test_stands_apart_is_a_break_between_the_value_and_the_ordinary():
     assert not stands_apart(np.array([8.0]), np.array([1.0, 2.0, 4.0, 8.0]), 1.0, 5.0).any()
     # the break may lie below the candidate (a stall family's smallest sets it apart)
     assert stands_apart(np.array([9.0]), np.array([1.0, 6.0, 9.0]), 1.0, 5.0).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_machines_slow_steps_do_not_bridge_the_trainings_own_stalls(tmp_path, seed):
+    """3 ms steps; 60 steps a busy machine stretched by 2-400 ms (the thread waited for a
+    CPU through their extra time); three 0.5 s stalls of the training's own, idle on a lock.
+    The machine's steps fill the gap between the ordinary steps and the stalls, but they are
+    no part of the training's step time: the stalls stand apart from it, a warning dated at
+    the first."""
+    rng = np.random.default_rng(100 + seed)
+    dur = 0.003 * np.exp(rng.normal(0, 0.1, N))
+    cpu, queue = dur.copy(), np.zeros(N)
+    busy = np.array(sorted(rng.choice(np.arange(20, N - 5), 63, replace=False)))
+    own, machine = busy[[5, 15, 25]], np.delete(busy, [5, 15, 25])
+    stretch = np.exp(rng.uniform(np.log(0.002), np.log(0.4), len(machine)))
+    dur[machine] += stretch
+    queue[machine] = 0.95 * stretch
+    dur[own] += 0.5
+    run = make_run(tmp_path, steps=N, duration=dur, data_wait=np.zeros(N), cpu=cpu,
+                   cpu_queue=queue)
+    (f,) = [f for f in build_summary(run)["findings"] if f["id"] == "step_time_outlier"
+            and "slowed" not in f["title"]]
+    assert f["severity"] == "warning", f
+    assert f["evidence"]["own_steps"] == [int(s) for s in own], f["evidence"]
+    assert f["first_step"] == int(own[0]) and f["evidence"]["tail_count"] == 0, f

@@ -58,7 +58,9 @@ DOC = {
             "every 64 queued items on a 2-core machine, is no schedule of the training's to "
             "report). Not stalls, at info: slow steps in a continuum with the ordinary ones (their "
             "relative excesses break nowhere by APART between them and the largest ordinary "
-            "step: work that varies, such as long sequences) and a schedule through which "
+            "step: work that varies, such as long sequences; not one of the training's own "
+            "through which its CPU time grew by less than WORK_SHARE of the excess: it sat "
+            "idle, a stall wherever it sits) and a schedule through which "
             "the process's CPU time grew by at least WORK_SHARE of the excess (an "
             "evaluation every N steps) until that schedule's extra time is WORK_DOMINATES (half) "
             "of the run's step time or more (warning: the run spends as long on it as on "
@@ -107,15 +109,14 @@ def _outliers(ctx: Context, th: Thresholds, rules: dict[int, Any]) -> list[Findi
         share = excess / float(dur.sum())
         if best is None or share > best["share"]:
             ends = d["time"][sel][out]
+            host = hostwait.split(dur, hostwait.rebook(d["duration_s"], d["cpu_queue_s"])[sel],
+                                  d["cpu_s"][sel], out, med)
             best = {"rank": r, "share": share, "excess": excess, "med": med, "sigma": sigma,
                     "steps": step[out], "durs": dur[out], "ends": ends, "all_steps": step,
                     "threshold": rule["threshold"], "total": float(dur.sum()),
-                    "tail": _tail(dur, out, med),
+                    "tail": _tail(dur, out, med, host),
                     "unjudged": _unjudged(d["step"], d["duration_s"], sel, th),
-                    "waits": _extra_wait(d["data_wait_s"][sel], out),
-                    "host": hostwait.split(
-                        dur, hostwait.rebook(d["duration_s"], d["cpu_queue_s"])[sel],
-                        d["cpu_s"][sel], out, med)}
+                    "waits": _extra_wait(d["data_wait_s"][sel], out), "host": host}
     if best is None:
         return []
     # what the slow steps have in common, when they cost something that matters: a second
@@ -255,13 +256,23 @@ def _earlier_cycle(best: dict[str, Any], sched: tuple[int, int], on: np.ndarray,
     return int(steps[hit][0]) if hit.any() else first
 
 
-def _tail(dur: np.ndarray, out: np.ndarray, med: float) -> np.ndarray:
+def _tail(dur: np.ndarray, out: np.ndarray, med: float, host: dict[str, Any] | None = None
+          ) -> np.ndarray:
     """Over the slow steps: those in a continuum with the ordinary ones (their excess over
     the median, relative to it, breaks nowhere by APART between them and the largest
-    ordinary step): the step time's own heavy tail, not stalls."""
+    ordinary step): the step time's own heavy tail, not stalls. A step that did more work
+    computed more: one of the training's own (``host``: not the machine's) through which
+    the process's CPU time grew by less than WORK_SHARE of its excess sat idle (a lock,
+    blocking I/O) and is a stall, wherever it sits (a busy machine's 2-400 ms steps bridged
+    3 ms steps and a snapshot thread's 0.5 s lock waits into one continuum)."""
     rel = (dur - med) / max(med, 1e-12)
     floor = float(np.max(rel[~out])) if (~out).any() else 0.0
-    return ~stands_apart(rel[out], rel, floor, APART)
+    tail = ~stands_apart(rel[out], rel, floor, APART)
+    if host is not None:
+        with np.errstate(invalid="ignore"):
+            idle = ~host["machine"] & (host["cpu_busy"] < WORK_SHARE)
+        tail &= ~idle
+    return tail
 
 
 def _whose(host: dict[str, Any] | None, own: np.ndarray, own_excess: float) -> str:
