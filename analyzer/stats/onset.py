@@ -57,6 +57,13 @@ class Onset:
     """The training step of that point."""
 
 
+def trailing_run(mask: np.ndarray) -> int:
+    """Where the unbroken run of True that reaches the end of ``mask`` begins (``len(mask)``
+    when its last element is False): a state held from a point to the end of the run."""
+    off = np.flatnonzero(~np.asarray(mask, dtype=bool))
+    return int(off[-1]) + 1 if len(off) else 0
+
+
 def single_jump(x: np.ndarray, j: int, i: int, need: float, w: int, end: int) -> int:
     """The onset of a rise found at x[j..i] (sustained to ``end``) when one step makes it: a
     batch that threw the run is dated to its own step, not to the smoothed series' bend or

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...stats.onset import trailing_run
 from . import _data
 from .base import Context
 
@@ -43,11 +44,9 @@ def dead_gradients(ctx: Context, min_points: int) -> list[Dead]:
     for name, s in series.items():
         if not len(s["n"]) or float(s["step0"][-1]) < (last or 0):
             continue  # (a tensor no longer recorded at the end: not dead, gone)
-        zero = (s["n_zero"] >= s["n"]) & (s["n"] > 0)
-        live = np.flatnonzero(~zero)
-        if not len(live) or live[-1] == len(zero) - 1:
-            continue
-        i = int(live[-1]) + 1
+        i = trailing_run((s["n_zero"] >= s["n"]) & (s["n"] > 0))
+        if i == 0 or i == len(s["n"]):
+            continue  # (zero from the first point: never had one; or alive at the end)
         had = float(np.sum(s["n"][:i] - s["n_zero"][:i]))
         points = int(np.sum(s["n"][i:]))
         since = int(s["step0"][i])
@@ -73,15 +72,14 @@ def where_it_stops(dead: list[Dead], names: list[str]) -> str:
     The last all-dead module of that run, not such a reader, climbed to the highest module
     holding only dead tensors."""
     gone = {d.name for d in dead}
-    order = names
-    if not any(n in gone for n in order):
+    if not any(n in gone for n in names):
         return module_of(dead[0].name)
-    i = next(k for k, n in enumerate(order) if n in gone)
+    i = next(k for k, n in enumerate(names) if n in gone)
     j = i
-    while j < len(order) and order[j] in gone:
+    while j < len(names) and names[j] in gone:
         j += 1
-    run = order[i:j]
-    live_next = j < len(order)
+    run = names[i:j]
+    live_next = j < len(names)
 
     def inside(mod: str) -> list[str]:
         return [n for n in names if n.startswith(mod + ".")]

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...stats.onset import trailing_run
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -56,12 +57,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if sel.sum() < th.min_points:
             continue
         z = float(np.average(s["zero_frac"][sel], weights=s["n"][sel]))
-        tail = _dead_tail(s, float(th.min_zero_frac))
         if z >= th.min_zero_frac:
             dead.append((z, name, _onset(s, sel, float(th.min_zero_frac))))
-        elif tail >= th.min_points:
-            z = float(np.mean(s["zero_frac"][np.isfinite(s["zero_frac"])][-tail:]))
-            dead.append((z, name, _onset(s, np.zeros_like(sel), float(th.min_zero_frac))))
+            continue
+        # (dead from some point to the module's last, wherever in the run it died)
+        ok = np.isfinite(s["zero_frac"])
+        zf = s["zero_frac"][ok]
+        i = trailing_run(zf >= th.min_zero_frac)
+        if len(zf) - i >= th.min_points:
+            dead.append((float(np.mean(zf[i:])), name, int(s["step0"][ok][i])))
     if not dead:
         return []
     order = {n: i for i, n in enumerate(_data.model_order(ctx, "activation"))}
@@ -116,13 +120,6 @@ def _from_gradients(ctx: Context, th: Thresholds) -> list[Finding]:
         advice=DOC["fixes"], chart=anchors.ACTIVATIONS,
         evidence={"tensors": [d.name for d in dead[:20]], "modules": mods[:20],
                   "count": len(dead), "from_gradients": True})]
-
-
-def _dead_tail(s: dict[str, np.ndarray], dead_at: float) -> int:
-    """How many of the module's last points, unbroken, are dead (zero_frac ≥ ``dead_at``)."""
-    z = s["zero_frac"][np.isfinite(s["zero_frac"])]
-    live = np.flatnonzero(z < dead_at)
-    return len(z) - (int(live[-1]) + 1 if len(live) else 0)
 
 
 def _zero_grads_from(ctx: Context, s: dict[str, np.ndarray], first: int) -> int:

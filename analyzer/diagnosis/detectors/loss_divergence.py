@@ -191,8 +191,6 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
     # The noise is the larger of the loss's up to its best and around its best (a window
     # either side: the level the departure leaves, before any turbulence of the rise): a
     # loss learnt smoothly is noisier at its best
-    reach = np.flatnonzero(after >= end - 0.1 * (end - best))
-    k = ib + int(reach[0]) if len(reach) else len(loss) - 1
     near = loss[max(0, ib - w):ib + w + 1]
     local = _stats.mad_sigma(np.diff(near)) / np.sqrt(2.0) if len(near) >= 10 else 0.0
     onset_level = best + max(0.1 * min(end - best, 10 * max(ref, abs(best))),
@@ -201,7 +199,8 @@ def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
     how = f"ends at {end:.4g}" + (" and then turned nonfinite" if tail_nonfinite else "")
     # the rise is clear where the smoothed loss first reaches (nine tenths of the way to)
     # its final level: the jump that caused it comes before that
-    clear = int(step[k]) if len(reach) else first
+    reach = np.flatnonzero(after >= end - 0.1 * (end - best))
+    clear = int(step[ib + int(reach[0])]) if len(reach) else first
     # a divergence that had not risen half way before a batch threw the run began with the
     # batch (bad batch -> spike -> divergence; gradient_explosion dates its growth alike)
     thrown = loss_spike.batch_span(ctx)

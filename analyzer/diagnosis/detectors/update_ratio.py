@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ...stats.onset import trailing_run
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
@@ -101,6 +102,5 @@ def _stretch_from(s: dict[str, np.ndarray], which: str, th: Thresholds) -> int:
     with np.errstate(invalid="ignore"):
         bad = (lr > math.log(th.high)) if which == "high" else (
             (s["n_ratio_zero"] >= 0.5 * s["n"]) | (lr < math.log(th.low)))
-    good = np.flatnonzero(~bad)
-    i = int(good[-1]) + 1 if len(good) else 0
+    i = trailing_run(bad)
     return int(s["step0"][i]) if i < len(bad) else -1
