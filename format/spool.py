@@ -80,13 +80,16 @@ class Uploader:
 
     def __init__(self, spool: Path, loc: Location, *,
                  on_event: Callable[[str, str, str, dict[str, Any]], None] | None = None,
-                 interval_s: float = 5.0, rank: int | None = None) -> None:
+                 interval_s: float = 5.0, rank: int | None = None,
+                 uploaded: dict[str, tuple[int, int]] | None = None) -> None:
         """``rank``: upload only that rank's files (and run.json from rank 0): the ranks of
-        a node share one spool, each uploading its own. None: everything (``upload``)."""
+        a node share one spool, each uploading its own. None: everything (``upload``).
+        ``uploaded``: what the store already holds (``rel -> (size, mtime_ns)`` of the
+        spool's copy); set before the thread starts, whose first sync runs at once."""
         self.spool, self.loc, self.rank = spool, loc, rank
         self.on_event = on_event
         self.interval_s = interval_s
-        self.uploaded: dict[str, tuple[int, int]] = {}
+        self.uploaded: dict[str, tuple[int, int]] = dict(uploaded or {})
         self.bytes_uploaded = 0
         self.failures = 0
         self._down_since: float | None = None

@@ -125,8 +125,9 @@ def into_store(url: str, write: Callable[[Path], T]) -> T:
         raise RunDirError(str(e)) from None
     before = local_files(dest)
     result = write(dest)
-    up = Uploader(dest, loc, interval_s=3600.0)
-    up.uploaded = dict(before)  # (what the store has already)
+    # (what the store has already: given to the constructor, whose thread syncs at once;
+    # set after it, a busy machine's first sync re-sent every part)
+    up = Uploader(dest, loc, interval_s=3600.0, uploaded=before)
     if not up.close(60.0):
         raise RunDirError(f"imported into {dest}, but could not upload it to {url}")
     return result

@@ -42,3 +42,23 @@ def test_settle_reports_the_outage_before_the_last_flush(tmp_path: Path) -> None
     assert [k for k, _ in events] == ["storage_unavailable", "storage_delayed"]
     assert events[-1][1]["delay_s"] >= 2.0
     assert up.close(5.0) and (store / "run.json").exists()
+
+
+def test_what_the_store_holds_is_known_before_the_first_sync(tmp_path: Path) -> None:
+    """``import-trace`` into a URL tells the uploader what the store already holds; its
+    thread syncs as soon as it starts, so that must be known at construction (set after it,
+    a busy machine's first sync re-sent every part of the run: a flaky test showed it)."""
+    from tracealyze.format.storage import local_files
+
+    spool, store = tmp_path / "spool", tmp_path / "store"
+    (spool / "steps" / "rank=0").mkdir(parents=True)
+    (store / "steps" / "rank=0").mkdir(parents=True)  # (a local "store" has folders)
+    (spool / "run.json").write_text("{}")
+    (spool / "steps" / "rank=0" / "part-000000.parquet").write_bytes(b"x" * 100)
+    held = local_files(spool)
+    (spool / "steps" / "rank=0" / "part-000001.parquet").write_bytes(b"y" * 50)
+    up = Uploader(spool, locate(store.as_uri()), interval_s=3600.0, uploaded=held)
+    assert up.close(5.0)
+    sent = sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file())
+    assert sent == ["steps/rank=0/part-000001.parquet"]
+    assert up.bytes_uploaded == 50
