@@ -158,11 +158,13 @@ HOSTILE = [
 ]
 
 
+# A hostile file must not hang the reader (a 32 GiB memo, quadratic nesting): refused well
+# inside the timeout, which leaves room for a loaded machine (a wall-time assert of 2 s
+# failed a 0.3 s refusal once beside other work; speed lives in benchmarks/).
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("what, data, expect", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_input_is_refused_in_one_line(what, data, expect):
-    t0 = time.perf_counter()
     assert expect in _refused(data), what
-    assert time.perf_counter() - t0 < 2
 
 
 def test_size_limit_is_checked_before_decoding():
