@@ -202,9 +202,11 @@ def along_line(step: np.ndarray, val: np.ndarray, first: int, slope: float) -> i
 def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
     """The index of the last floor before the rise that runs to the end: with the level's
     one-off steps taken out (a lone window-to-window rise of over three windows of the final
-    third's rate), walk back from the end while the floors' slope over a tenth of the windows
-    stays within a factor 2 of the final third's rate (the leak's own regime: a warm-up that
-    filled faster, or a level it rose from, is not), then the engine's flat-then-rising fit
+    third's rate; lone rises that recur to the end are the leak's own, periodic steps, and set
+    the stretch its rate is read over), walk back from the end while the floors' slope over a
+    tenth of the windows stays within a factor 2 of the final third's rate (the leak's own
+    regime: a warm-up that filled faster, or a level it rose from, is not), then the engine's
+    flat-then-rising fit
     (hinge) places it from just before where the walk stopped. None when the last third does
     not rise."""
     n = len(y)
@@ -224,6 +226,25 @@ def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
     dx = np.maximum(np.diff(x), 1.0)
     big = dy > 3 * k * dx
     alone = big & ~np.r_[False, big[:-1]] & ~np.r_[big[1:], False]
+    stairs = np.flatnonzero(alone)
+    if len(stairs) >= 3 and stairs[-1] >= n - 1 - n // 3:
+        # Lone rises that recur to the end are the leak's own steps, not one-offs: memory
+        # kept at a period longer than three windows (a copy of the weights every 50 steps)
+        # rises only there. The regime's rate is then read over a stretch that spans its
+        # longest gap, where the flat between two steps is not a change of regime; a lone
+        # rise over three times the steps' median size is still a one-off.
+        size = float(np.median(dy[stairs]))
+        stairs = stairs[dy[stairs] <= 3 * size]
+        gaps = np.diff(stairs)
+        g = float(np.median(gaps)) if len(gaps) else 0.0
+        regular = gaps[np.abs(gaps - g) <= max(1.0, 0.25 * g)]
+        # periodic (two gaps in three at one period, within a quarter of it): a cache's
+        # rare new keys arrive at irregular steps and are not a regime's steps
+        if len(gaps) >= 2 and 3 * len(regular) >= 2 * len(gaps):
+            alone &= dy > 3 * size
+            m = max(m, int(regular.max()) + 1)
+            if n < 2 * m:
+                return 0
     lift = np.where(alone, dy - k * dx, 0.0)
     y = y - np.concatenate([[0.0], np.cumsum(lift)])
 

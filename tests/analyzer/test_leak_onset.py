@@ -257,3 +257,17 @@ def test_new_keys_reads_cadence_share_and_thinning() -> None:
                           + noise, floor)
     # a drift under RSS-like noise: its few large changes are noise, not its growth
     assert not fill.new_keys(20e3 * step + rng.normal(0, 300e3, 300), floor)
+
+
+@pytest.mark.parametrize("period", [30, 50, 80])
+def test_memory_kept_at_a_period_is_dated_from_its_first_step(period: int) -> None:
+    # a copy of the weights (0.5 MiB) kept every ``period`` steps from ``period - 1``: the
+    # heap rises only at those steps and is flat between them. The rise is the leak's own
+    # regime from its first step; the flats are not levels it rose from (it was dated at
+    # its last step, with a fraction of the growth, before)
+    rng = np.random.default_rng(period)
+    step = np.arange(500)
+    val = 130 * MB + 0.5 * MB * ((step + 1) // period) + rng.normal(0, 2048, len(step))
+    res = _heap(step, val)
+    assert res is not None and res["first_step"] <= period
+    assert res["growth"] >= 0.8 * (val[-1] - val[period - 1])
