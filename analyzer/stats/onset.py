@@ -206,9 +206,8 @@ def regime_start(x: np.ndarray, y: np.ndarray) -> int | None:
     the stretch its rate is read over), walk back from the end while the floors' slope over a
     tenth of the windows stays within a factor 2 of the final third's rate (the leak's own
     regime: a warm-up that filled faster, or a level it rose from, is not), then the engine's
-    flat-then-rising fit
-    (hinge) places it from just before where the walk stopped. None when the last third does
-    not rise."""
+    flat-then-rising fit (hinge) places it from just before where the walk stopped. None when
+    the last third does not rise."""
     n = len(y)
     m = max(2, n // 10)
     if n < 3 * m:
