@@ -49,10 +49,10 @@ RULES: tuple[Rule, ...] = (
                         "nonfinite"), slack=5),
     Rule("dead_activation", ("loss_spike", "gradient_explosion")),
     # parameters that cannot learn (a graph cut, a block frozen by mistake, a head the
-    # optimizer does not hold) explain a loss that does not fall
+    # optimizer does not hold, gradients that vanished) explain a loss that does not fall
     Rule("loss_plateau", ("gradient_explosion", "loss_divergence", "nonfinite",
                           "optimizer_coverage", "no_gradient", "unused_module",
-                          "dead_activation", "loss_spike"), slack=5),
+                          "dead_activation", "loss_spike", "vanishing_gradient"), slack=5),
     Rule("update_ratio", ("gradient_explosion", "loss_divergence", "nonfinite",
                           "dead_activation"), slack=5),
     # dead units pass no gradient: the layers behind them (upstream) get none either

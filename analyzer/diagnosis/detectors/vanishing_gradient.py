@@ -14,7 +14,7 @@ from ...stats.onset import departure
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data, _structure
+from . import _changes, _collapse, _data, _structure
 from .base import Context
 
 ID = "vanishing_gradient"
@@ -52,7 +52,12 @@ DOC = {
             "other parameters learn (it never had a gradient to lose). Dated where the "
             "worst tensor's gradient fell below max_rel_median × the median layer's for "
             "good (the onset engine's departure), or its first step when it never was "
-            "above that.",
+            "above that. Every layer at once (_collapse.py): the total gradient norm falls "
+            "FALL (1000) times from its earlier level (the highest rolling median before the "
+            "last quarter) to its late one (the last quarter's median), held to the end, while "
+            "the loss falls less than LOSS_FALL (10) times over the same steps (a converging "
+            "model's loss falls with its gradient): error, dated where the norm went below the "
+            "middle of the two levels for good.",
     "fixes": "Use ReLU/GELU instead of saturating sigmoid/tanh, residual connections, "
              "normalisation (LayerNorm/BatchNorm), better init (Kaiming/Xavier); check for "
              "detach()/no_grad cutting the graph.",
@@ -73,6 +78,16 @@ def _matrix(series: Mapping[str, Mapping[str, np.ndarray]], names: list[str], nb
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
+    out = _layers(ctx, th)
+    if not any(f.severity != "info" for f in out):  # (every layer fell together)
+        col = _collapse.collapse(ctx)
+        if col is not None:
+            out.append(_collapse.finding(col, ID, DOC["fixes"]))
+    return out
+
+
+def _layers(ctx: Context, th: Thresholds) -> list[Finding]:
+    """Layers whose gradient is tiny beside the other layers'."""
     grads = _data.series_of(ctx, "grad")
     if not grads:
         return []
