@@ -238,6 +238,7 @@ def make_run(
     data_wait: Any = "default",
     nonfinite_grads: Any = 0,
     loss_scale: Any = None,
+    grad_clip_max: Any = None,
     cpu: Any = None,
     cpu_queue: Any = None,
     tokens_per_s: Any = None,
@@ -277,6 +278,7 @@ def make_run(
     ``activation_every``-th tensor step, as the debug preset's activation statistics);
     ``activation_stats(steps, name)`` may return column arrays (``norm``, ``nonfinite``,
     ``zero_frac`` ...).
+    ``grad_clip_max`` fills ``steps.grad_clip_max`` (NaN: no clip at that step).
     ``cpu`` / ``cpu_queue`` fill ``steps.cpu_s`` / ``cpu_queue_s`` (default: absent, as
     in a run recorded before they were); ``tokens_per_s`` fills ``steps.tokens_per_s``
     (default: absent, as when the recorder was given no token counts), ``new_shapes``
@@ -326,7 +328,8 @@ def make_run(
         }
         if loss_scale is not None:
             steps_tbl["loss_scale"] = series(loss_scale, step_arr, rank)
-        for col, spec in (("cpu_s", cpu), ("cpu_queue_s", cpu_queue),
+        for col, spec in (("grad_clip_max", grad_clip_max), ("cpu_s", cpu),
+                          ("cpu_queue_s", cpu_queue),
                           ("tokens_per_s", tokens_per_s), ("new_shapes", new_shapes)):
             if spec is not None:
                 steps_tbl[col] = series(spec, step_arr, rank)

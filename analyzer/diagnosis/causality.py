@@ -135,7 +135,9 @@ cause of an instability."""
 def _began_with(f: Finding, spike: Finding, slack: int) -> bool:
     """Did ``f`` begin with the batch of ``spike`` (evidence.batch)? Not when it began after the
     loss had come back (evidence.batch.until, BATCH_LEAD steps of grace). Its onset is at the
-    batch (within ``slack``); or it is a growth that became clear only after the batch
+    batch (within ``slack``), unless it is a gradient already past its explosion bar before
+    the batch (the update of the step before threw the loss: a clip taken away, applied
+    norm ×14, then the loss ×25); or it is a growth that became clear only after the batch
     (crossing_step at or after it) with an onset at most BATCH_LEAD steps before; or a
     divergence from a best level the loss still held right before the batch."""
     batch = spike.evidence.get("batch") or {}
@@ -144,9 +146,11 @@ def _began_with(f: Finding, spike: Finding, slack: int) -> bool:
         return False
     if f.first_step > batch.get("until", b) + BATCH_LEAD:
         return False  # it began after the loss had come back: not the batch's doing
+    cross = f.evidence.get("crossing_step")
+    if f.id == "gradient_explosion" and cross is not None and cross < b:
+        return False  # out of range before the batch: the update before it threw the loss
     if f.first_step >= b - slack:
         return True
-    cross = f.evidence.get("crossing_step")
     if cross is not None and cross >= b and f.first_step >= b - BATCH_LEAD:
         return True
     best, noise, level = (f.evidence.get("best_loss"), f.evidence.get("loss_noise"),

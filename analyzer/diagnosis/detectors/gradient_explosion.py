@@ -18,7 +18,7 @@ from ...stats import robust as _stats
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _at_start, _changes, _data, _growth, loss_spike
+from . import _at_start, _changes, _clipped, _data, _growth, loss_spike
 from .base import Context
 
 ID = "gradient_explosion"
@@ -41,8 +41,9 @@ DEFAULTS: dict[str, Any] = {
 }
 DOC = {
     "meaning": "Gradient norms grow geometrically (total or one layer): training is blowing up.",
-    "rule": "after warm-up (warmup_frac of the run), the smoothed log grad norm (before "
-            "clipping) rises by ln(factor) above both its minimum over the previous window "
+    "rule": "after warm-up (warmup_frac of the run), the smoothed log grad norm (as "
+            "applied: times min(1, grad_clip_max/norm) where clipping bit, _clipped.py) "
+            "rises by ln(factor) above both its minimum over the previous window "
             "steps and its typical level since warm-up, mostly monotonically (min_up_frac), "
             "stays up for sustain points or turns nonfinite; a layer must also reach "
             "min_share of the total norm's typical level; and the loss must get worse over "
@@ -280,9 +281,11 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         return not _learned_through(ctx, x, float(th.factor), win) and (
             _hurts(ctx, x, win) or (extreme(x) and not _improved_for_a_window(ctx, x, win)))
 
+    clip = None  # ln of the factor clipping applied per step (_clipped.py)
     if r is not None:
         d = _data.steps(ctx)[r]
-        g = d["grad_norm"]
+        clip = _clipped.log_factor(d["grad_norm"], d["grad_clip_max"])
+        g = d["grad_norm"] if clip is None else d["grad_norm"] * np.exp(clip)  # (applied)
         given = d["grad_norm_given"]
         ok = np.isfinite(g) & (g > 0)
         typical_total = float(np.median(g[ok])) if ok.any() else None
@@ -308,11 +311,15 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         bad = np.flatnonzero(s["n_nonfinite"] > 0)
         cut = bad[0] if len(bad) else len(s["step0"])
         eps = []
+        logt = s["log_norm"] if clip is None else s["log_norm"] + _clipped.per_bucket(
+            d["step"], clip, s["step0"])
         for res in _growth.find_explosions(
-                s["step0"][:cut].astype(np.int64), s["log_norm"][:cut], bool(len(bad)),
+                s["step0"][:cut].astype(np.int64), logt[:cut], bool(len(bad)),
                 max(2, win // size), th, onset_min, batch, stages):
             if typical_total is not None and res["max"] < float(th.min_share) * typical_total:
                 continue  # grows, but stays negligible next to the whole model's gradient
+            if clip is not None and _clipped.held(d["step"], clip, res["onset"], res["cross"]):
+                continue  # its part of an update the clip held at max_norm (_clipped.held)
             res["name"] = name
             # a NaN is this tensor's doing only when its gradient grew far past the model's
             # usual total on the way (BERT's query weights grow 1000x to an ordinary level
@@ -339,7 +346,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         x["growth"] = x["max"] / max(x["baseline"], 1e-30)
     layers.sort(key=lambda x: -x["growth"])
     lead = min(layers, key=lambda x: x["onset"]) if len(layers) > 1 else None
-    if lead is not None and all(x["onset"] >= lead["cross"] for x in layers if x is not lead):
+    if lead is not None and all(x["onset"] >= lead["cross"] and x["onset"] > lead["onset"]
+                                for x in layers if x is not lead):
         layers.remove(lead)
         layers.insert(0, lead)
     else:
@@ -351,12 +359,14 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     first = main["onset"] if broad else min(
         [main["onset"], layers[0]["onset"]])
     subject = "grad_norm" if broad or not layers else layers[0]["name"]
+    if lead is None and not broad:  # (at once: a recurrent net's goes through its recurrence)
+        subject = next((x["name"] for x in layers if _at_start.RECURRENT.search(x["name"])),
+                       subject)
     what = "total gradient norm" if total is not None else f"gradient norm of {subject}"
     nan_at = main.get("first_nonfinite")
     cause = _changes.within(ctx, int(first) - 10, int(main["cross"]) + 2)
     first, because = _changes.dated_by(cause, first)
-    clipped = r is not None and bool(np.isfinite(_data.steps(ctx)[r]["grad_clip_max"]).any())
-    msg = (f"The {what}{' (before clipping)' if clipped else ''} "
+    msg = (f"The {what}{' (as applied, after clipping)' if clip is not None else ''} "
            + (f"jumped from {main['from']:.3g} to {main['to']:.3g} at step {main['cross']}"
               if main["cross"] == main["onset"] else
               f"grew from {main['from']:.3g} at step {main['onset']} to {main['to']:.3g} by "
@@ -371,6 +381,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         msg += (f" {len(layers)} tensor(s) explode; most, against its own baseline: "
                 f"{layers[0]['name']} (×{layers[0]['growth']:.3g}, from step "
                 f"{layers[0]['onset']}).")
+    if clip is not None:
+        msg += _clipped.lifted_note(d["step"], d["grad_clip_max"], int(main["onset"]))
     if cause is None:
         msg += _changes.early_lr_note(ctx, int(first))
     return [Finding(

@@ -1,0 +1,59 @@
+"""The gradient as applied: what clipping let through to the weights.
+
+``clip_grad_norm_(max_norm)`` scales every gradient by ``min(1, max_norm / ‖g‖)``; the
+recorder keeps the norm before clipping (``grad_norm``) and the clip (``grad_clip_max``). An
+explosion is an update that grows out of range, so it is read on the applied norm: a raw
+norm that grows while the clip holds the update at ``max_norm`` every step (PPO's value loss
+growing with the episode length, raw norms 12 → 40 under a clip of 0.5) moves the weights no
+further, and a clip taken away mid-run (a resume without ``--clip``: applied 1.0 → 14 → 300)
+lets the same raw norms through at once. Per tensor, the applied norm is its raw norm times
+the same factor (the clip scales the whole gradient)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def log_factor(grad_norm: np.ndarray, clip: np.ndarray) -> np.ndarray | None:
+    """ln(min(1, clip / ‖g‖)) per step (0 where no clip was recorded or it did not bite);
+    None when clipping never bit."""
+    with np.errstate(all="ignore"):
+        on = np.isfinite(clip) & (clip > 0) & np.isfinite(grad_norm) & (grad_norm > clip)
+    if not on.any():
+        return None
+    out = np.zeros(len(grad_norm))
+    out[on] = np.log(clip[on] / grad_norm[on])
+    return out
+
+
+def per_bucket(step: np.ndarray, factor: np.ndarray, step0: np.ndarray) -> np.ndarray:
+    """The mean of ``factor`` over each tensor bucket (buckets start at ``step0``)."""
+    b = np.searchsorted(step0, step, side="right") - 1
+    ok = b >= 0
+    sums = np.bincount(b[ok], weights=factor[ok], minlength=len(step0))[:len(step0)]
+    cnt = np.bincount(b[ok], minlength=len(step0))[:len(step0)]
+    return np.where(cnt > 0, sums / np.maximum(cnt, 1), 0.0)
+
+
+def lifted_note(step: np.ndarray, clip: np.ndarray, at: int) -> str:
+    """A sentence when the clip was taken away (or raised) where the applied norm jumped:
+    clipping on in the steps just before ``at``, off or at least twice as loose from it."""
+    before = clip[(step < at) & (step >= at - 10)]
+    before = before[np.isfinite(before)]
+    now = clip[step == at]
+    if not len(before) or not len(now):
+        return ""
+    was = float(np.median(before))
+    if np.isfinite(now[0]) and now[0] < 2 * was:
+        return ""
+    return (f" Gradient clipping (max_norm {was:.3g}) was on until step {at - 1} and "
+            + ("off" if not np.isfinite(now[0]) else f"raised to {now[0]:.3g}")
+            + f" from step {at}: the raw norms it had held back reached the weights.")
+
+
+def held(step: np.ndarray, factor: np.ndarray, lo: int, hi: int, share: float = 0.9) -> bool:
+    """Did the clip bite at ``share`` of the steps in [lo, hi]? Then the update it let
+    through stayed at max_norm all along: one tensor's growing part of it is the clip doing
+    its job (its applied norm never exceeds max_norm), not an update out of range."""
+    sel = (step >= lo) & (step <= hi)
+    return bool(sel.any()) and float((factor[sel] < 0).mean()) >= share
