@@ -7,7 +7,7 @@ norm that grows while the clip holds the update at ``max_norm`` every step (PPO'
 growing with the episode length, raw norms 12 → 40 under a clip of 0.5) moves the weights no
 further, and a clip taken away mid-run (a resume without ``--clip``: applied 1.0 → 14 → 300)
 lets the same raw norms through at once. Per tensor, the applied norm is its raw norm times
-the same factor (the clip scales the whole gradient)."""
+the same factor (the clip scales the whole gradient), and never more than max_norm."""
 
 from __future__ import annotations
 
@@ -24,15 +24,6 @@ def log_factor(grad_norm: np.ndarray, clip: np.ndarray) -> np.ndarray | None:
     out = np.zeros(len(grad_norm))
     out[on] = np.log(clip[on] / grad_norm[on])
     return out
-
-
-def per_bucket(step: np.ndarray, factor: np.ndarray, step0: np.ndarray) -> np.ndarray:
-    """The mean of ``factor`` over each tensor bucket (buckets start at ``step0``)."""
-    b = np.searchsorted(step0, step, side="right") - 1
-    ok = b >= 0
-    sums = np.bincount(b[ok], weights=factor[ok], minlength=len(step0))[:len(step0)]
-    cnt = np.bincount(b[ok], minlength=len(step0))[:len(step0)]
-    return np.where(cnt > 0, sums / np.maximum(cnt, 1), 0.0)
 
 
 def lifted_note(step: np.ndarray, clip: np.ndarray, at: int) -> str:

@@ -11,7 +11,7 @@ on its own, the later one rising from a minimum after the earlier one's crossing
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -276,3 +276,22 @@ def _culminates(x: np.ndarray, xs: np.ndarray, i: int, b: int, up: float, sustai
         return False
     z, p = _stats.mann_kendall(x[i:b + 1])
     return z > 0 and p < 0.05
+
+
+def first_real(eps: list[dict[str, Any]], real: Callable[[Mapping[str, Any]], bool],
+               batch: int | None) -> dict[str, Any] | None:
+    """The first of one series' episodes that is an explosion (``real``). Judged from the
+    last back: a burst whose norms settled back to their baseline, followed by an episode
+    that is no explosion either, is judged with its story running on through that one (and
+    the ones it ran through): a flow or a GAN bursts again and again, each burst cutting the
+    last one's story short of the steps where its loss had come back, and what a burst left
+    shows once the later bursts, themselves harmless, are over. Never across a batch that
+    threw the run (what follows it is the batch's)."""
+    verdict = [False] * len(eps)
+    for i in range(len(eps) - 1, -1, -1):
+        ep = eps[i]
+        if (i + 1 < len(eps) and not verdict[i + 1] and ep.get("settled_at") is not None
+                and not (batch is not None and ep["onset"] < batch <= eps[i + 1]["until"])):
+            ep["until"] = eps[i + 1]["until"]
+        verdict[i] = real(ep)
+    return next((ep for ep, v in zip(eps, verdict, strict=True) if v), None)

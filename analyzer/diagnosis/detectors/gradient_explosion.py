@@ -9,7 +9,7 @@ typically many steps before the first NaN.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -224,25 +224,6 @@ def _loss_levels(ctx: Context, res: Mapping[str, Any], since: int | None
     return float(np.median(at)), float(np.median(end)), se
 
 
-def first_real(eps: list[dict[str, Any]], real: Callable[[Mapping[str, Any]], bool],
-               batch: int | None) -> dict[str, Any] | None:
-    """The first of one series' episodes that is an explosion (``real``). Judged from the
-    last back: a burst whose norms settled back to their baseline, followed by an episode
-    that is no explosion either, is judged with its story running on through that one (and
-    the ones it ran through): a flow or a GAN bursts again and again, each burst cutting the
-    last one's story short of the steps where its loss had come back, and what a burst left
-    shows once the later bursts, themselves harmless, are over. Never across a batch that
-    threw the run (what follows it is the batch's)."""
-    verdict = [False] * len(eps)
-    for i in range(len(eps) - 1, -1, -1):
-        ep = eps[i]
-        if (i + 1 < len(eps) and not verdict[i + 1] and ep.get("settled_at") is not None
-                and not (batch is not None and ep["onset"] < batch <= eps[i + 1]["until"])):
-            ep["until"] = eps[i + 1]["until"]
-        verdict[i] = real(ep)
-    return next((ep for ep, v in zip(eps, verdict, strict=True) if v), None)
-
-
 def find_explosion(step: np.ndarray, logn: np.ndarray, ends_nonfinite: bool, window_pts: int,
                    th: Thresholds, onset_min: int = 0, batch: int | None = None
                    ) -> dict[str, Any] | None:
@@ -282,28 +263,39 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             _hurts(ctx, x, win) or (extreme(x) and not _improved_for_a_window(ctx, x, win)))
 
     clip = None  # ln of the factor clipping applied per step (_clipped.py)
+    applied = False  # the explosion was found on the norm as applied
     if r is not None:
         d = _data.steps(ctx)[r]
-        clip = _clipped.log_factor(d["grad_norm"], d["grad_clip_max"])
-        g = d["grad_norm"] if clip is None else d["grad_norm"] * np.exp(clip)  # (applied)
+        g = d["grad_norm"]
         given = d["grad_norm_given"]
-        ok = np.isfinite(g) & (g > 0)
-        typical_total = float(np.median(g[ok])) if ok.any() else None
-        if batch is not None:  # the model's usual gradient before the batch threw the run
-            ok &= d["step"] < batch
-            typical_before = float(np.median(g[ok])) if ok.any() else None
-        with np.errstate(all="ignore"):
-            logn = np.where(given & np.isfinite(g) & (g > 0), np.log(g), np.nan)
-        bad = np.flatnonzero(given & ~np.isfinite(g))
-        cut = bad[0] if len(bad) else len(g)
-        # the first episode that is an explosion (a learning transition before a batch that
-        # threw the run is not; the batch's own episode may be)
-        eps = list(_growth.find_explosions(d["step"][:cut], logn[:cut], bool(len(bad)), win,
-                                           th, onset_min, batch, stages))
-        for ep in eps:
-            ep["first_nonfinite"] = _nan_after(ep, int(d["step"][bad[0]]) if len(bad)
-                                               else None, win)
-        total = first_real(eps, real, batch)
+        clip = _clipped.log_factor(g, d["grad_clip_max"])
+
+        def first_of(gs: np.ndarray) -> dict[str, Any] | None:
+            """The first episode of ``gs`` that is an explosion (a learning transition
+            before a batch that threw the run is not; the batch's own episode may be),
+            against the series' own usual level (and before the batch that threw the run)."""
+            nonlocal typical_total, typical_before
+            ok = np.isfinite(gs) & (gs > 0)
+            typical_total = float(np.median(gs[ok])) if ok.any() else None
+            if batch is not None:
+                ok &= d["step"] < batch
+                typical_before = float(np.median(gs[ok])) if ok.any() else None
+            with np.errstate(all="ignore"):
+                logn = np.where(given & np.isfinite(gs) & (gs > 0), np.log(gs), np.nan)
+            bad = np.flatnonzero(given & ~np.isfinite(gs))
+            cut = bad[0] if len(bad) else len(gs)
+            eps = list(_growth.find_explosions(d["step"][:cut], logn[:cut], bool(len(bad)),
+                                               win, th, onset_min, batch, stages))
+            for ep in eps:
+                ep["first_nonfinite"] = _nan_after(ep, int(d["step"][bad[0]]) if len(bad)
+                                                   else None, win)
+            return _growth.first_real(eps, real, batch)
+        # before clipping (the landscape: a clipped run whose every update pushes the same
+        # way still blows up) and as applied (a clip taken away lets the norm through)
+        app = first_of(g * np.exp(clip)) if clip is not None else None
+        total = first_of(g)  # (last: the tensors below are read against the raw total)
+        if app is not None and (total is None or app["onset"] < total["onset"]):
+            total, applied = app, True
     layers = []
     tb = _data.tensor_buckets(ctx)
     size = tb["bucket_size"]
@@ -311,10 +303,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         bad = np.flatnonzero(s["n_nonfinite"] > 0)
         cut = bad[0] if len(bad) else len(s["step0"])
         eps = []
-        logt = s["log_norm"] if clip is None else s["log_norm"] + _clipped.per_bucket(
-            d["step"], clip, s["step0"])
         for res in _growth.find_explosions(
-                s["step0"][:cut].astype(np.int64), logt[:cut], bool(len(bad)),
+                s["step0"][:cut].astype(np.int64), s["log_norm"][:cut], bool(len(bad)),
                 max(2, win // size), th, onset_min, batch, stages):
             if typical_total is not None and res["max"] < float(th.min_share) * typical_total:
                 continue  # grows, but stays negligible next to the whole model's gradient
@@ -330,7 +320,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             res["first_nonfinite"] = _nan_after(
                 res, int(s["first_nonfinite"][bad[0]]) if len(bad) and big else None, win)
             eps.append(res)
-        hit = first_real(eps, real, batch)
+        hit = _growth.first_real(eps, real, batch)
         if hit is not None:
             layers.append(hit)
     if total is None and not layers:
@@ -366,7 +356,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     nan_at = main.get("first_nonfinite")
     cause = _changes.within(ctx, int(first) - 10, int(main["cross"]) + 2)
     first, because = _changes.dated_by(cause, first)
-    msg = (f"The {what}{' (as applied, after clipping)' if clip is not None else ''} "
+    clipped = r is not None and bool(np.isfinite(_data.steps(ctx)[r]["grad_clip_max"]).any())
+    msg = (f"The {what}" + (" (as applied, after clipping)" if applied else
+                            " (before clipping)" if clipped else "") + " "
            + (f"jumped from {main['from']:.3g} to {main['to']:.3g} at step {main['cross']}"
               if main["cross"] == main["onset"] else
               f"grew from {main['from']:.3g} at step {main['onset']} to {main['to']:.3g} by "
@@ -381,7 +373,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         msg += (f" {len(layers)} tensor(s) explode; most, against its own baseline: "
                 f"{layers[0]['name']} (×{layers[0]['growth']:.3g}, from step "
                 f"{layers[0]['onset']}).")
-    if clip is not None:
+    if applied:
         msg += _clipped.lifted_note(d["step"], d["grad_clip_max"], int(main["onset"]))
     if cause is None:
         msg += _changes.early_lr_note(ctx, int(first))
