@@ -20,7 +20,7 @@ from ...units import fmt_bytes
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _data
+from . import _copies, _data
 from ._profwin import discount, profiler_windows
 from ._workset import (
     WORK_GROWTH,
@@ -297,6 +297,13 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if counter == "rss_bytes" and _heap_recorded(cols["heap_bytes"][by_rank[int(r)]]):
             out.append(_outside_heap(r, res, ev))
             continue
+        sel = by_rank[int(r)]
+        copies = _copies.weight_copies(
+            ctx.run.meta, np.asarray(cols["step"][sel], np.int64),
+            np.asarray(np.ma.filled(cols[counter][sel], np.nan), np.float64),
+            int(res["first_step"])) if counter != "cuda_allocated_bytes" else None
+        if copies is not None:
+            ev["weight_copies"] = copies
         out.append(Finding(
             id=ID, severity=severity, subject=counter, first_step=res["first_step"],
             title=f"{what} grows {fmt_bytes(res['slope'])} per step",
@@ -305,7 +312,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                      f"{fmt_bytes(res['start'])} to {fmt_bytes(res['end'])} "
                      f"(+{fmt_bytes(res['growth'])}). At this rate that is "
                      f"+{fmt_bytes(res['slope'] * 10_000)} per 10,000 steps."
-                     + oom + every_step_new(res)),
+                     + oom + every_step_new(res)
+                     + (_copies.sentence(copies) if copies is not None else "")),
             advice=DOC["fixes"], evidence=ev, chart=anchors.MEMORY))
     return out
 
