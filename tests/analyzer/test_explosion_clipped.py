@@ -55,3 +55,27 @@ def test_a_clip_taken_away_is_an_explosion_at_that_step(tmp_path, seed):
     assert "was on until step 249 and off from step 250" in f["message"]
     above = [x for x in fs if x["severity"] != "info"]
     assert above[0]["id"] == "gradient_explosion"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_learning_rate_jump_under_a_clip_is_still_an_explosion(tmp_path, seed):
+    # the update is the rate times the clipped gradient: x100 at step 150 is x100 whatever
+    # the clip does (BERT in the matrix: its classifier's gradient x30 under a clip of 1)
+    rng = np.random.default_rng(seed)
+    raw = np.where(S < 150, 1.5, 5.0) * np.exp(rng.normal(0, 0.3, N))
+
+    def norm(steps, name, kind):
+        if kind != "grad":
+            return None
+        x = raw[steps] / 3 * np.exp(rng.normal(0, 0.1, len(steps)))
+        if name == "critic.0.bias":
+            x[150:] *= 30
+        return x
+
+    loss = np.where(S < 150, 0.4 + 2 * np.exp(-S / 30), 2.5) * np.exp(rng.normal(0, 0.1, N))
+    run = make_run(tmp_path, steps=N, loss=loss, grad_norm=raw, grad_clip_max=1.0,
+                   lr=np.where(S < 150, 1e-3, 1e-1), tensors=NAMES, tensor_norm=norm)
+    fs = [f for f in build_summary(run)["findings"] if f["severity"] != "info"]
+    (f,) = [x for x in fs if x["id"] == "gradient_explosion"]
+    assert f["first_step"] == 150 and not f.get("caused_by")
+    assert fs[0]["first_step"] == 150 and "learning rate" in fs[0]["message"]

@@ -43,8 +43,10 @@ def lifted_note(step: np.ndarray, clip: np.ndarray, at: int) -> str:
 
 
 def held(step: np.ndarray, factor: np.ndarray, lo: int, hi: int, share: float = 0.9) -> bool:
-    """Did the clip bite at ``share`` of the steps in [lo, hi]? Then the update it let
+    """Did the clip bite at ``share`` of the steps in [lo, hi]? Then the gradient it let
     through stayed at max_norm all along: one tensor's growing part of it is the clip doing
-    its job (its applied norm never exceeds max_norm), not an update out of range."""
+    its job (its applied norm never exceeds max_norm), not an update out of range, unless
+    the learning rate rose into it (the update is the rate times the clipped gradient: a
+    ×100 jump under a clip is still ×100; the caller checks)."""
     sel = (step >= lo) & (step <= hi)
     return bool(sel.any()) and float((factor[sel] < 0).mean()) >= share

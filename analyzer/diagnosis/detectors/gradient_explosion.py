@@ -308,8 +308,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
                 max(2, win // size), th, onset_min, batch, stages):
             if typical_total is not None and res["max"] < float(th.min_share) * typical_total:
                 continue  # grows, but stays negligible next to the whole model's gradient
-            if clip is not None and _clipped.held(d["step"], clip, res["onset"], res["cross"]):
-                continue  # its part of an update the clip held at max_norm (_clipped.held)
+            if clip is not None and _clipped.held(d["step"], clip, res["onset"], res["cross"]) \
+                    and _changes.within(ctx, res["onset"] - 10, res["cross"] + 2) is None:
+                continue  # its part of an update the clip held (and no LR rise scaled it)
             res["name"] = name
             # a NaN is this tensor's doing only when its gradient grew far past the model's
             # usual total on the way (BERT's query weights grow 1000x to an ordinary level
