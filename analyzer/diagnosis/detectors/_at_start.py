@@ -20,7 +20,7 @@ import numpy as np
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data
+from . import _changes, _collapse, _data
 from .base import Context
 
 RECURRENT = re.compile(r"weight_hh|recurrent", re.IGNORECASE)
@@ -42,13 +42,14 @@ def explosion_at_start(ctx: Context, th: Thresholds) -> dict[str, Any] | None:
     head = int(th.warmup_steps)
     if ok.sum() < int(th.min_points) + head or lo is None or not ok[:head].any():
         return None
-    rest = g[ok][head:]
-    # the level the run settles at: over the rest of the run, and no lower than over the
-    # stretch right after the start (a tenth of the run): a gradient that held its first
-    # level for hundreds of steps and then collapsed (a loss divided by its scale, a
-    # vanishing run) was not exploded at step 0, however low the later half drags the median
-    later = max(float(np.median(rest)),
-                float(np.median(rest[:max(head, len(g) // 10)])))
+    # the level the run settles at, before its gradients vanished for good (_collapse: a
+    # gradient that held its first level for 200 steps and then fell a million times, a
+    # loss divided by its scale, was not exploded at step 0)
+    col = _collapse.collapse(ctx)
+    before = ok if col is None else ok & (step < col["onset"])
+    if before.sum() < int(th.min_points) + head:
+        return None
+    later = float(np.median(g[before][head:]))
     big = float(th.factor) ** 2
     first = [i for i in range(head) if ok[i] and g[i] >= big * later]
     if not first or int(step[first[0]]) > lo + head:
