@@ -2,12 +2,13 @@
 
 ``clip_grad_norm_(max_norm)`` scales every gradient by ``min(1, max_norm / ‖g‖)``; the
 recorder keeps the norm before clipping (``grad_norm``) and the clip (``grad_clip_max``). An
-explosion is an update that grows out of range, so it is read on the applied norm: a raw
-norm that grows while the clip holds the update at ``max_norm`` every step (PPO's value loss
-growing with the episode length, raw norms 12 → 40 under a clip of 0.5) moves the weights no
-further, and a clip taken away mid-run (a resume without ``--clip``: applied 1.0 → 14 → 300)
-lets the same raw norms through at once. Per tensor, the applied norm is its raw norm times
-the same factor (the clip scales the whole gradient), and never more than max_norm."""
+explosion is an update that grows out of range, so the total is also read as applied: a
+clip taken away mid-run (a resume without ``--clip``: applied 1.0 → 14 → 300) lets the raw
+norms through at once. (The raw norm is read too: a clipped run whose every update pushes the
+same way still blows up, and its raw norm shows it.) One tensor's growth inside an update the
+clip held at ``max_norm`` every step (PPO's critic ×30 under a clip of 0.5) moves the weights
+no further, unless the learning rate rose into it. Per tensor, the applied norm is its raw
+norm times the same factor (the clip scales the whole gradient), never over max_norm."""
 
 from __future__ import annotations
 
