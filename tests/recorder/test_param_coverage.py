@@ -120,6 +120,39 @@ def test_parameters_left_out_of_the_optimizer(tmp_path, other_optimizer):
         assert f["evidence"]["unchanged"] == 2
 
 
+def test_an_optimizer_bound_to_a_discarded_model_at_a_resume(tmp_path):
+    """A relaunch that loads the checkpoint into a NEW module after building the optimizer
+    on the first one: from the resume nothing trains. The weights moved before it (the
+    first process's training), so only the steps from the resume tell; dated there."""
+    torch.manual_seed(0)
+    run = tmp_path / "run"
+
+    def train(m, opt, steps, **kw):
+        with Recorder(run, model=m, optimizer=opt, profile_start=0, param_stats_every=5,
+                      **kw) as rec:
+            for i in steps:
+                loss = m(torch.randn(8, 4)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                rec.step(loss=loss.detach(), step=i)
+
+    def build():
+        m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        return m, torch.optim.SGD(m.parameters(), lr=0.05)
+
+    m, opt = build()
+    train(m, opt, range(30))
+    state = m.state_dict()
+    _, opt = build()                      # the optimizer of the relaunch ...
+    m = build()[0]                        # ... and the module the checkpoint went into
+    m.load_state_dict(state)
+    train(m, opt, range(30, 60), resume=True)
+    (f,) = checks.by_id(checks.summarize(run), "optimizer_coverage")
+    assert f["severity"] == "error" and f["first_step"] == 30
+    assert f["evidence"]["unchanged"] == 4
+
+
 class ConvBN(nn.Module):
     """The common CNN block: Conv2d(bias=True) straight into BatchNorm2d."""
 

@@ -144,3 +144,41 @@ def test_peaked_softmax_attention_is_info_at_most(tmp_path: Path) -> None:
     found = _sat(_train(tmp_path / "run", model, data, nn.functional.mse_loss))
     assert found and all(f["severity"] == "info" for f in found)
     assert found[0]["subject"] == "softmax"
+
+
+def test_a_saturation_episode_that_ended_is_dated_at_its_start(tmp_path: Path) -> None:
+    """Inputs at ×1e4 for steps 60-159 (a normaliser refitted on a stuck sensor, then
+    refitted again): the tanh saturates for that stretch only; the last half of the run is
+    fine, so the rule over it says nothing, the episode does."""
+    def data(i: int):
+        x, y = _regression(i)
+        return (x * 1e4 if 60 <= i < 160 else x), y
+
+    found = _sat(_train(tmp_path / "run", _mlp(1.0), data, nn.functional.mse_loss,
+                        steps=300, lr=1e-3))
+    assert len(found) == 1, found
+    f = found[0]
+    assert f["severity"] == "warning" and f["subject"] == "1"
+    # (activation statistics every 25 steps in debug: the first inside the stretch)
+    assert 60 <= f["first_step"] <= 85, f
+    assert 160 <= f["evidence"]["until_step"] <= 185, f
+
+
+@pytest.mark.parametrize("sat, want", [
+    # mid-run stretch of 4 statistics points over 100 of 450 steps: dated at its start
+    ([0.02] * 8 + [1.0] * 4 + [0.05] * 6, (200, 300)),
+    # the same stretch present from initialisation: the init's scale learned away
+    ([1.0] * 4 + [0.02] * 14, None),
+    # two saturated points: one odd stretch of batches, not an episode
+    ([0.02] * 8 + [1.0] * 2 + [0.05] * 8, None),
+    # saturated to the end: an episode with no end
+    ([0.02] * 14 + [0.9] * 4, (350, None)),
+])
+def test_episode_rule(sat: list[float], want: tuple | None) -> None:
+    from tracealyze.analyzer.diagnosis.detectors import saturated_activation as sa
+    from tracealyze.analyzer.diagnosis.thresholds import of
+
+    steps = np.arange(len(sat), dtype=np.float64) * 25
+    th = of(sa)
+    got = sa._episode(steps, np.asarray(sat), th, 449.0)
+    assert (got[:2] if got else None) == want

@@ -37,15 +37,36 @@ def _last(ctx: Context, kind: str) -> tuple[int | None, dict[str, Any]] | None:
 
 def coverage(ctx: Context) -> dict[str, Any] | None:
     """{first_step, no_grad, frozen, not_in_optimizer, frozen_in_optimizer (name lists),
-    counts (per state), numel (per state), parameters, optimizer_known} or None."""
+    counts (per state), numel (per state), parameters, optimizer_known, since (the step of
+    the resume the coverage holds from, or None)} or None."""
 
     def load() -> dict[str, Any] | None:
         last = _last(ctx, "param_coverage")
         if last is None:
             return None
         step, d = last
-        first = ctx.rows("SELECT min(step) FROM events WHERE kind = 'param_coverage'")
         out: dict[str, Any] = {s: _names(d.get(s)) for s in STATES}
+        # A run resumed from a checkpoint is a new process with its own model and optimizer:
+        # the coverage that holds is the one its recorder saw. Where the process before the
+        # resume saw another (an optimizer bound to a discarded model at the resume), it
+        # holds from the resume, not from step 0, and weights "changed" only by the training
+        # before it are not this optimizer's doing.
+        resumed = ctx.rows("SELECT max(step) FROM events WHERE kind = 'resumed' AND step <= ?",
+                           [step if step is not None else 2**62])
+        since = resumed[0][0] if resumed and resumed[0][0] is not None else None
+        if since is not None:
+            before = ctx.rows("SELECT details FROM events WHERE kind = 'param_coverage' AND "
+                              "step < ? ORDER BY rank, step DESC LIMIT 1", [since])
+            try:
+                prior = json.loads(before[0][0]) if before and isinstance(before[0][0], str) \
+                    else None
+            except ValueError:
+                prior = None
+            if isinstance(prior, dict) and all(_names(prior.get(s)) == out[s] for s in STATES):
+                since = None  # (the same state on both sides: it held from the start)
+        first = ctx.rows("SELECT min(step) FROM events WHERE kind = 'param_coverage'"
+                         + (" AND step >= ?" if since is not None else ""),
+                         [since] if since is not None else [])
         for key in ("counts", "numel"):
             raw = d.get(key) if isinstance(d.get(key), dict) else {}
             for s in STATES:
@@ -58,6 +79,7 @@ def coverage(ctx: Context) -> dict[str, Any] | None:
         out["optimizer_known"] = d.get("optimizer_known") is True
         out["first_step"] = first[0][0] if first and first[0][0] is not None else step
         out["step"] = step
+        out["since"] = since
         return out
 
     return ctx.cached("param_coverage", load)

@@ -34,10 +34,13 @@ DOC = {
 }
 
 
-def _changed(ctx: Context) -> tuple[set[str], set[str]]:
-    """(names whose recorded weight norm changed, names with at least two weight rows)."""
+def _changed(ctx: Context, since: int | None) -> tuple[set[str], set[str]]:
+    """(names whose recorded weight norm changed, names with at least two weight rows), over
+    the steps from ``since`` (a resume: the training before it moved the weights of the
+    model the checkpoint came from, not what this optimizer does)."""
     rows = ctx.rows("SELECT name, min(norm) <> max(norm), count(*) FROM tensor_stats "
-                    "WHERE kind = 'param' AND isfinite(norm) GROUP BY name")
+                    "WHERE kind = 'param' AND isfinite(norm) AND step >= ? GROUP BY name",
+                    [since if since is not None else -(2**62)])
     return ({str(n) for n, ch, _ in rows if ch}, {str(n) for n, _, c in rows if c >= 2})
 
 
@@ -48,7 +51,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     out = []
     outside = cov["not_in_optimizer"]
     if outside:
-        changed, seen = _changed(ctx)
+        changed, seen = _changed(ctx, cov.get("since"))
         moved = [n for n in outside if n in changed]
         still = [n for n in outside if n in seen and n not in changed]
         unknown = [n for n in outside if n not in seen]

@@ -18,6 +18,10 @@ DEFAULTS: dict[str, Any] = {
     "window_frac": 0.5,    # judged on the last half of the run's statistics steps
     "min_sat_frac": 0.5,   # median share of the output within 1% of the range of a bound
     "min_points": 3,
+    "episode_frac": 0.1,   # an episode that ended: consecutive saturated statistics steps
+                           # spanning this share of the run (a fifth of the judged window:
+                           # long enough that its layers lost a stretch of training, not
+                           # one odd batch), begun after an unsaturated one
 }
 DOC = {
     "meaning": "A bounded activation (tanh, sigmoid, hardtanh, softsign, hardsigmoid, the top "
@@ -27,7 +31,11 @@ DOC = {
     "rule": "median, over the statistics steps of the last window_frac of the run, of the "
             "module's sat_frac (share of its output within 1% of its range from a bound; "
             "softmax: share of its distributions whose top probability is ≥ 0.99) ≥ "
-            "min_sat_frac, on ≥ min_points steps. The module whose output is the model's "
+            "min_sat_frac, on ≥ min_points steps; or an episode that ended: ≥ min_points "
+            "consecutive statistics steps at ≥ min_sat_frac spanning ≥ episode_frac of the "
+            "run, begun after a step below it (an onset: saturation present from "
+            "initialisation that training removes is the init's scale learned away, "
+            "not a change). The module whose output is the model's "
             "output is left out (a confident prediction is saturated by design). Softmax is "
             "info (peaked attention and confident outputs are often healthy); the others "
             "warning. Needs activation statistics (preset debug).",
@@ -83,6 +91,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     series = _rows(ctx, rank)
     root = series.pop("<model>", None)
     last = _last_seq(ctx, rank) if root is None else {}
+    lo, hi = _data.step_range(ctx)
+    span = float(hi - lo) if lo is not None and hi is not None else 0.0
     found = []
     for name, s in series.items():
         ok = np.isfinite(s["sat"])
@@ -90,18 +100,23 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         if not len(steps) or name not in bounded or _is_output(s, root, last):
             continue
         late = steps >= steps[0] + (steps[-1] - steps[0]) * (1 - float(th.window_frac))
-        if late.sum() < th.min_points:
+        med = float(np.median(sat[late])) if late.sum() >= th.min_points else 0.0
+        if med >= th.min_sat_frac:
+            # dated where its last saturated stretch began (the last point may be below:
+            # a median over the window is saturated, not every step)
+            hot = np.flatnonzero(sat >= th.min_sat_frac)
+            below = np.flatnonzero(sat[:hot[-1]] < th.min_sat_frac)
+            onset = int(steps[below[-1] + 1]) if len(below) else int(steps[0])
+            found.append((bounded[name] == "softmax", False, -med, name, onset, med, None))
             continue
-        med = float(np.median(sat[late]))
-        if med < th.min_sat_frac:
-            continue
-        below = np.flatnonzero(sat < th.min_sat_frac)
-        onset = int(steps[below[-1] + 1]) if len(below) else int(steps[0])
-        found.append((bounded[name] == "softmax", -med, name, onset, med))
+        ep = _episode(steps, sat, th, span)
+        if ep is not None:
+            a, b, m = ep
+            found.append((bounded[name] == "softmax", b is not None, -m, name, a, m, b))
     if not found:
         return []
     found.sort()
-    soft, _, name, onset, med = found[0]
+    soft, _, _, name, onset, med, until = found[0]
     kind = bounded[name]
     what = "distributions with a top probability ≥ 0.99" if kind == "softmax" else \
         "output within 1% of its range from a bound"
@@ -109,9 +124,41 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         id=ID, severity="info" if soft else "warning", subject=name, first_step=onset,
         title=f"Saturated {kind} in {len(found)} module(s)" if len(found) > 1
         else f"Saturated {kind}: {name}",
-        message=(f"{name} ({kind}) has {100 * med:.0f}% of its {what} in the last part of "
-                 f"the run (median of its statistics steps), from step {onset:,}: those "
-                 "units pass almost no gradient."),
+        message=((f"{name} ({kind}) has {100 * med:.0f}% of its {what} in the last part "
+                  f"of the run (median of its statistics steps), from step {onset:,}: those "
+                  "units pass almost no gradient.") if until is None else
+                 (f"{name} ({kind}) had {100 * med:.0f}% of its {what} from step {onset:,} "
+                  f"until step {until:,} (median of its statistics steps there; below "
+                  "before and after): those units passed almost no gradient, so nothing "
+                  "before them learned for that stretch. Look at what changed at its "
+                  "start: the inputs' scale (a refitted normaliser), the weights (a resume, "
+                  "a learning-rate rise).")),
         advice=DOC["fixes"], chart=anchors.ACTIVATIONS,
-        evidence={"modules": [n for _, _, n, _, _ in found[:20]], "kind": kind,
-                  "sat_frac": med, "count": len(found)})]
+        evidence={"modules": [f[3] for f in found[:20]], "kind": kind,
+                  "sat_frac": med, "count": len(found), "until_step": until})]
+
+
+def _episode(steps: np.ndarray, sat: np.ndarray, th: Thresholds, span: float
+             ) -> tuple[int, int | None, float] | None:
+    """(first step, first step after it (None: to the end), median share) of the longest
+    stretch of consecutive statistics steps at ≥ min_sat_frac that began after one below
+    it and spans ≥ episode_frac of the run (``span`` steps); None without one."""
+    hot = sat >= float(th.min_sat_frac)
+    best = None
+    i = 1
+    while i < len(hot):
+        if hot[i] and not hot[i - 1]:
+            j = i
+            while j < len(hot) and hot[j]:
+                j += 1
+            end = float(steps[j]) if j < len(hot) else float(steps[-1])
+            if j - i >= int(th.min_points) and end - float(steps[i]) >= \
+                    float(th.episode_frac) * span and (best is None or j - i > best[1] - best[0]):
+                best = (i, j)
+            i = j
+        i += 1
+    if best is None:
+        return None
+    i, j = best
+    return (int(steps[i]), int(steps[j]) if j < len(steps) else None,
+            float(np.median(sat[i:j])))
