@@ -11,7 +11,7 @@ from ...stats.onset import departure
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data, loss_spike
+from . import _changes, _data, _weights, loss_spike
 from .base import Context
 
 ID = "loss_divergence"
@@ -80,7 +80,11 @@ DOC = {
             "classifier that had learned (loss under half of ln C) settled at its chance "
             "level after it (0.9–1.25 ln C over the two windows after the first one past "
             "the jump): a model knocked back to "
-            "guessing, judged as it is.",
+            "guessing, judged as it is. A rise that began while a scheduled weight of the "
+            "objective ramped up (_weights.py: a logged metric that never decreases, ramps "
+            "smoothly ×2 or from 0 and is neither a counter nor the LR) is that "
+            "re-weighting, at info; the steps after the weight settled are judged on their "
+            "own.",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
              "LR schedule, use bf16/loss scaling, normalise inputs.",
 }
@@ -91,7 +95,46 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if r is None:
         return []
     shift = _data.objective_shifts(ctx).get(r)
-    return ([_rescaled(r, shift)] if shift is not None else []) + _detect(ctx, th, r)
+    return ([_rescaled(r, shift)] if shift is not None else []) + _reweighted(
+        ctx, th, r, _detect(ctx, th, r))
+
+
+def _reweighted(ctx: Context, th: Thresholds, r: int, found: list[Finding]) -> list[Finding]:
+    """A divergence whose rise began while a scheduled weight of the objective ramped up
+    (_weights.py) is that re-weighting, at info; the steps after the weight settled are
+    judged on their own (a divergence there is one)."""
+    out = []
+    for f in found:
+        w = _weights.over(ctx, int(f.first_step)) if f.severity == "error" else None
+        if w is None:
+            out.append(f)
+            continue
+        after = _detect(ctx, th, r, since=w["end"]) if w["end"] is not None else []
+        if after:
+            out += after
+            continue
+        settled = (f" After it settled the loss {_trend_after(ctx, r, w['end'])}."
+                   if w["end"] is not None else " It was still rising at the end.")
+        out.append(Finding(
+            id=ID, severity="info", subject="loss", first_step=f.first_step,
+            title="The loss rose with a scheduled weight of its objective",
+            message=(f"The loss rose from step {f.first_step} while {_weights.text(w)}: the "
+                     "objective was re-weighted by design (a term phased in), so the total "
+                     f"is not comparable across the ramp.{settled}"),
+            advice="Nothing to fix if the ramp is meant; log each term of the loss as its "
+                   "own metric (rec.step(loss=..., task=..., aux=...)) to follow each.",
+            chart=anchors.LOSS,
+            evidence={**f.evidence, "weight": w}))
+    return out
+
+
+def _trend_after(ctx: Context, r: int, since: int) -> str:
+    """"fell from 0.78 to 0.67" over the steps from ``since`` (window medians)."""
+    d = _data.steps(ctx)[r]
+    y = d["loss"][(d["step"] >= since) & np.isfinite(d["loss"])]
+    k = max(1, len(y) // 10)
+    a, b = float(np.median(y[:k])), float(np.median(y[-k:]))
+    return f"{'fell' if b < a else 'held'} from {a:.4g} to {b:.4g}" if len(y) else "held"
 
 
 def _rescaled(r: int, sh: Any) -> Finding:
@@ -128,10 +171,15 @@ def _rescaled(r: int, sh: Any) -> Finding:
                   "grad_factor": sh.grad_factor})
 
 
-def _detect(ctx: Context, th: Thresholds, r: int) -> list[Finding]:
+def _detect(ctx: Context, th: Thresholds, r: int, since: int | None = None
+            ) -> list[Finding]:
+    """The divergence of rank ``r``'s loss, over the steps from ``since`` when given."""
     d = _data.steps(ctx)[r]
     step_all, loss_all = d["step"], d["loss"]
     has = d["loss_given"]
+    if since is not None:
+        keep = step_all >= since
+        step_all, loss_all, has = step_all[keep], loss_all[keep], has[keep]
     finite = np.isfinite(loss_all)
     if finite.sum() < th.min_steps:
         return []

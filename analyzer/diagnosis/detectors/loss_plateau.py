@@ -14,7 +14,7 @@ from ...stats.onset import settle
 from .. import anchors
 from ..findings import Finding
 from ..thresholds import Thresholds
-from . import _changes, _data, loss_spike
+from . import _changes, _data, _weights, loss_spike
 from ._structure import chance_level
 from .base import Context
 
@@ -46,7 +46,9 @@ DOC = {
             "both sides, else the one after it, which the batch explains); so is a rescaled "
             "objective's step (stats/shift.py). The steps of the "
             "loop's periodic structure (loss_spike's pattern: a second task every N steps) "
-            "are left out: the trend is the other steps'.",
+            "are left out: the trend is the other steps'. A loss with a scheduled weight that "
+            "ramped (_weights.py: a term phased in by design) is judged on the steps at its "
+            "final weight, not at all while it still ramps at the end.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -117,6 +119,18 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if series is None:
         return []
     r, step, loss = series
+    span = float(step[-1] - step[0]) or 1.0  # (the run's, whatever part of it is judged)
+    # a loss whose objective was being re-weighted by a scheduled weight (_weights.py) is
+    # comparable only at the final weight: the plateau is judged on the steps after the
+    # last ramp settled, and not at all while one is still rising at the end
+    settled, rising = _weights.last_end(ctx)
+    if rising:
+        return []
+    if settled is not None:
+        keep = step >= settled["end"]
+        if keep.sum() < int(th.min_steps):
+            return []
+        step, loss = step[keep], loss[keep]
     # the loop's structure by design (a second task every 4th step) is not the trend: the
     # plateau is judged on the steps it does not explain, the main task's loss
     pattern = loss_spike.loop_pattern(ctx)
@@ -127,7 +141,6 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         else:
             pattern = None
     x, y = _stats.bucket_series(step.astype(np.float64), loss, int(th.points), how="median")
-    span = float(step[-1] - step[0]) or 1.0
     min_len = max(float(th.window_frac) * span, float(th.window_min))
     # A batch that threw the run (loss_spike's batch event) is a setback at one step: a
     # plateau is judged on either side of it, never across it (a tail holding the learning
@@ -187,7 +200,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             lr_note += (f" The schedule then cut it to {at[1]:.3g} (×{at[1] / at[0]:.2g}) "
                         "while the loss sat on this level: a decay before the model learned "
                         "keeps it there.")
-    chance = chance_level(ctx, level) if never else None
+    # (a loss with a scheduled weight is a weighted sum of terms: no chance level reads it)
+    chance = chance_level(ctx, level) if never and settled is None else None
     if chance is not None:
         title = "Loss stuck at chance level"
         lr_note = (f" It sits at ln({chance}) = {math.log(chance):.4g}, the cross-entropy of "

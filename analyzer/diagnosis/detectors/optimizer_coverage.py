@@ -27,7 +27,10 @@ DOC = {
             "param groups). Trainable and outside the optimizer: error when the recorded "
             "weight statistics show them unchanged through the run, warning when there are "
             "none to tell, nothing when they changed (another optimizer steps them, as in a "
-            "GAN). Frozen (requires_grad=False) yet in a param group: warning.",
+            "GAN). Frozen (requires_grad=False) yet in a param group: warning. A resumed "
+            "run is judged by the relaunched process's coverage, from the resume when the "
+            "process before it saw another (its weights judged unchanged from there: an "
+            "optimizer bound to a discarded model at the resume).",
     "fixes": "Build the optimizer from every trainable parameter after the model is complete "
              "(e.g. [p for p in model.parameters() if p.requires_grad]); unfreeze the block "
              "if it was meant to train.",
