@@ -1,14 +1,15 @@
-"""Scheduled weights of the objective: a metric the run logs that ramps up by design.
+"""Scheduled ramps: a metric the run logs that the loop raises by design.
 
-A loss built as ``task + w(t) · aux`` with ``w`` ramped (a consistency weight warmed up over
-the first N steps, KL annealing in a VAE, an auxiliary or distillation term phased in)
+A loss built as ``task + w(t) · aux`` with ``w`` ramped (a consistency weight warmed up
+over the first N steps, KL annealing in a VAE, an auxiliary or distillation term phased in)
 rises while ``w`` rises: the objective is being re-weighted, the training is not getting
-worse. Structure by design explains, it does not alarm (issue 45): a loss divergence whose
-rise began while such a weight ramped is reported at info, and the steps after the ramp
-settled are judged on their own (loss_divergence); a plateau is judged only at the final
-weight (loss_plateau).
+worse. So does a loss under a scheduled difficulty (an adversarial epsilon raised, a
+pruning schedule's sparsity, a curriculum's level) the loop logs. Structure by design
+explains, it does not alarm (issue 45): a loss divergence whose rise began while such a
+ramp rose is reported at info, and the steps after the ramp settled are judged on their
+own (loss_divergence); a plateau is judged only at the final weight (loss_plateau).
 
-A logged metric is read as a scheduled weight when its shape can be nothing else:
+A logged metric is read as a scheduled ramp when its shape can be nothing else:
 
 * it never decreases over the whole run (a measured quantity, a loss term or an accuracy,
   goes down now and then over hundreds of noisy steps; a schedule does not);
@@ -106,7 +107,7 @@ def _is_lr(ctx: Context, r: int, ramp: dict[str, Any]) -> bool:
 
 
 def over(ctx: Context, step: int) -> dict[str, Any] | None:
-    """The scheduled weight that was ramping at ``step`` (from its start to its end, or to
+    """The scheduled ramp that was rising at ``step`` (from its start to its end, or to
     the end of the run while still rising), the one that ramps longest when several did."""
     hits = [w for w in ramps(ctx)
             if w["start"] <= step and (w["end"] is None or step <= w["end"])]
@@ -122,7 +123,7 @@ def last_end(ctx: Context) -> tuple[dict[str, Any] | None, bool]:
 
 
 def text(w: dict[str, Any]) -> str:
-    """"the logged weight `consistency_w` ramped from 0.4 to 10 over steps 0–250"."""
+    """"`consistency_w`, logged, ramped from 0.4 to 10 over steps 0–250"."""
     until = f"{w['end']:,}" if w["end"] is not None else "the end"
-    return (f"the logged weight `{w['name']}` ramped from {w['first']:.3g} to {w['last']:.3g} "
+    return (f"`{w['name']}`, logged, ramped from {w['first']:.3g} to {w['last']:.3g} "
             f"over steps {w['start']:,}–{until}")

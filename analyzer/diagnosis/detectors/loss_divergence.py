@@ -80,11 +80,11 @@ DOC = {
             "classifier that had learned (loss under half of ln C) settled at its chance "
             "level after it (0.9–1.25 ln C over the two windows after the first one past "
             "the jump): a model knocked back to "
-            "guessing, judged as it is. A rise that began while a scheduled weight of the "
-            "objective ramped up (_weights.py: a logged metric that never decreases, ramps "
-            "smoothly ×2 or from 0 and is neither a counter nor the LR) is that "
-            "re-weighting, at info; the steps after the weight settled are judged on their "
-            "own.",
+            "guessing, judged as it is. A rise that began while a scheduled ramp rose "
+            "(_weights.py: a logged metric that never decreases, ramps smoothly ×2 or from "
+            "0 and is neither a counter nor the LR: a loss term's weight phased in, a "
+            "harder curriculum, pruning) is the loop's design, at info; the steps after the "
+            "ramp settled are judged on their own.",
     "fixes": "Lower the learning rate (often 3–10×), add warm-up, clip gradients, check the "
              "LR schedule, use bf16/loss scaling, normalise inputs.",
 }
@@ -100,9 +100,9 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
 
 
 def _reweighted(ctx: Context, th: Thresholds, r: int, found: list[Finding]) -> list[Finding]:
-    """A divergence whose rise began while a scheduled weight of the objective ramped up
-    (_weights.py) is that re-weighting, at info; the steps after the weight settled are
-    judged on their own (a divergence there is one)."""
+    """A divergence whose rise began while a scheduled ramp rose (_weights.py: a loss
+    term's weight phased in, a harder curriculum) is the loop's design, at info; the steps
+    after the ramp settled are judged on their own (a divergence there is one)."""
     out = []
     for f in found:
         w = _weights.over(ctx, int(f.first_step)) if f.severity == "error" else None
@@ -117,10 +117,11 @@ def _reweighted(ctx: Context, th: Thresholds, r: int, found: list[Finding]) -> l
                    if w["end"] is not None else " It was still rising at the end.")
         out.append(Finding(
             id=ID, severity="info", subject="loss", first_step=f.first_step,
-            title="The loss rose with a scheduled weight of its objective",
-            message=(f"The loss rose from step {f.first_step} while {_weights.text(w)}: the "
-                     "objective was re-weighted by design (a term phased in), so the total "
-                     f"is not comparable across the ramp.{settled}"),
+            title=f"The loss rose with a scheduled ramp (`{w['name']}`)",
+            message=(f"The loss rose from step {f.first_step} while {_weights.text(w)}: a "
+                     "quantity the loop raises on a schedule (a loss term's weight phased "
+                     "in, a harder curriculum, pruning), so the loss before and after it "
+                     f"measures different things.{settled}"),
             advice="Nothing to fix if the ramp is meant; log each term of the loss as its "
                    "own metric (rec.step(loss=..., task=..., aux=...)) to follow each.",
             chart=anchors.LOSS,

@@ -46,9 +46,9 @@ DOC = {
             "both sides, else the one after it, which the batch explains); so is a rescaled "
             "objective's step (stats/shift.py). The steps of the "
             "loop's periodic structure (loss_spike's pattern: a second task every N steps) "
-            "are left out: the trend is the other steps'. A loss with a scheduled weight that "
-            "ramped (_weights.py: a term phased in by design) is judged on the steps at its "
-            "final weight, not at all while it still ramps at the end.",
+            "are left out: the trend is the other steps'. A loss under a scheduled ramp "
+            "(_weights.py: a term's weight phased in, a harder curriculum) is judged on the "
+            "steps after it settled, not at all while it still ramps at the end.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
@@ -120,7 +120,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
         return []
     r, step, loss = series
     span = float(step[-1] - step[0]) or 1.0  # (the run's, whatever part of it is judged)
-    # a loss whose objective was being re-weighted by a scheduled weight (_weights.py) is
+    # a loss under a scheduled ramp (_weights.py: a term's weight phased in, a curriculum) is
     # comparable only at the final weight: the plateau is judged on the steps after the
     # last ramp settled, and not at all while one is still rising at the end
     settled, rising = _weights.last_end(ctx)
@@ -200,7 +200,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             lr_note += (f" The schedule then cut it to {at[1]:.3g} (×{at[1] / at[0]:.2g}) "
                         "while the loss sat on this level: a decay before the model learned "
                         "keeps it there.")
-    # (a loss with a scheduled weight is a weighted sum of terms: no chance level reads it)
+    # (a loss under a scheduled ramp is no plain cross-entropy: no chance level reads it)
     chance = chance_level(ctx, level) if never and settled is None else None
     if chance is not None:
         title = "Loss stuck at chance level"
