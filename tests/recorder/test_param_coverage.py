@@ -153,6 +153,27 @@ def test_an_optimizer_bound_to_a_discarded_model_at_a_resume(tmp_path):
     assert f["evidence"]["unchanged"] == 4
 
 
+def test_a_block_unfrozen_mid_run_and_left_out_of_the_optimizer(tmp_path):
+    """Fine-tuning that unfreezes the encoder at step 20 without adding it to the
+    optimizer: it is outside from 20 (at step 0 it was frozen, which was meant)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    m[0].requires_grad_(False)
+    opt = torch.optim.SGD(m[2].parameters(), lr=0.05)
+    run = tmp_path / "run"
+    with Recorder(run, model=m, optimizer=opt, profile_start=0, param_stats_every=5) as rec:
+        for i in range(50):
+            if i == 20:
+                m[0].requires_grad_(True)
+            loss = m(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss.detach())
+    (f,) = checks.by_id(checks.summarize(run), "optimizer_coverage")
+    assert f["severity"] == "error" and f["first_step"] == 20 and f["subject"] == "0"
+
+
 class ConvBN(nn.Module):
     """The common CNN block: Conv2d(bias=True) straight into BatchNorm2d."""
 

@@ -37,8 +37,8 @@ def _last(ctx: Context, kind: str) -> tuple[int | None, dict[str, Any]] | None:
 
 def coverage(ctx: Context) -> dict[str, Any] | None:
     """{first_step, no_grad, frozen, not_in_optimizer, frozen_in_optimizer (name lists),
-    counts (per state), numel (per state), parameters, optimizer_known, since (the step of
-    the resume the coverage holds from, or None)} or None."""
+    counts (per state), numel (per state), parameters, optimizer_known, onset (per state:
+    the step from which every event listed the last one's names, _onsets)} or None."""
 
     def load() -> dict[str, Any] | None:
         last = _last(ctx, "param_coverage")
@@ -46,27 +46,7 @@ def coverage(ctx: Context) -> dict[str, Any] | None:
             return None
         step, d = last
         out: dict[str, Any] = {s: _names(d.get(s)) for s in STATES}
-        # A run resumed from a checkpoint is a new process with its own model and optimizer:
-        # the coverage that holds is the one its recorder saw. Where the process before the
-        # resume saw another (an optimizer bound to a discarded model at the resume), it
-        # holds from the resume, not from step 0, and weights "changed" only by the training
-        # before it are not this optimizer's doing.
-        resumed = ctx.rows("SELECT max(step) FROM events WHERE kind = 'resumed' AND step <= ?",
-                           [step if step is not None else 2**62])
-        since = resumed[0][0] if resumed and resumed[0][0] is not None else None
-        if since is not None:
-            before = ctx.rows("SELECT details FROM events WHERE kind = 'param_coverage' AND "
-                              "step < ? ORDER BY rank, step DESC LIMIT 1", [since])
-            try:
-                prior = json.loads(before[0][0]) if before and isinstance(before[0][0], str) \
-                    else None
-            except ValueError:
-                prior = None
-            if isinstance(prior, dict) and all(_names(prior.get(s)) == out[s] for s in STATES):
-                since = None  # (the same state on both sides: it held from the start)
-        first = ctx.rows("SELECT min(step) FROM events WHERE kind = 'param_coverage'"
-                         + (" AND step >= ?" if since is not None else ""),
-                         [since] if since is not None else [])
+        first = ctx.rows("SELECT min(step) FROM events WHERE kind = 'param_coverage'")
         for key in ("counts", "numel"):
             raw = d.get(key) if isinstance(d.get(key), dict) else {}
             for s in STATES:
@@ -79,10 +59,40 @@ def coverage(ctx: Context) -> dict[str, Any] | None:
         out["optimizer_known"] = d.get("optimizer_known") is True
         out["first_step"] = first[0][0] if first and first[0][0] is not None else step
         out["step"] = step
-        out["since"] = since
+        out["onset"] = _onsets(ctx, out)
         return out
 
     return ctx.cached("param_coverage", load)
+
+
+MAX_EVENTS = 256
+"""param_coverage events read for the onsets (a handful per run: one per change of state)."""
+
+
+def _onsets(ctx: Context, cov: dict[str, Any]) -> dict[str, int | None]:
+    """Per state, the step of the earliest event from which every later event (of the rank
+    the last one came from) listed all of the last event's names in that state: a state the
+    run entered mid-way dates from there (an encoder unfrozen at step 200 and left out of the
+    optimizer is outside it from 200, not from the first event at step 0, when it was frozen;
+    an optimizer bound at a resume to a model the checkpoint was not loaded into, from the
+    resume), one held from the start from the first event."""
+    rows = ctx.rows("SELECT step, details FROM events WHERE kind = 'param_coverage' AND rank = "
+                    "(SELECT min(rank) FROM events WHERE kind = 'param_coverage') "
+                    "AND step IS NOT NULL ORDER BY step DESC, time DESC LIMIT ?", [MAX_EVENTS])
+    out: dict[str, int | None] = {}
+    for state in STATES:
+        final = set(cov[state])
+        onset = None
+        for step, text in rows:
+            try:
+                d = json.loads(text) if isinstance(text, str) else None
+            except ValueError:
+                break
+            if not isinstance(d, dict) or not final <= set(_names(d.get(state))):
+                break
+            onset = int(step)
+        out[state] = onset
+    return out
 
 
 def structure(ctx: Context) -> dict[str, Any]:

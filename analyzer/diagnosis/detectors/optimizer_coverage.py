@@ -27,10 +27,11 @@ DOC = {
             "param groups). Trainable and outside the optimizer: error when the recorded "
             "weight statistics show them unchanged through the run, warning when there are "
             "none to tell, nothing when they changed (another optimizer steps them, as in a "
-            "GAN). Frozen (requires_grad=False) yet in a param group: warning. A resumed "
-            "run is judged by the relaunched process's coverage, from the resume when the "
-            "process before it saw another (its weights judged unchanged from there: an "
-            "optimizer bound to a discarded model at the resume).",
+            "GAN). Frozen (requires_grad=False) yet in a param group: warning. Each is dated "
+            "from the event from which every later one listed those parameters so (a block "
+            "unfrozen mid-run and left out of the optimizer, an optimizer bound at a resume "
+            "to a model the checkpoint was not loaded into), and weights are judged "
+            "unchanged from there.",
     "fixes": "Build the optimizer from every trainable parameter after the model is complete "
              "(e.g. [p for p in model.parameters() if p.requires_grad]); unfreeze the block "
              "if it was meant to train.",
@@ -39,12 +40,18 @@ DOC = {
 
 def _changed(ctx: Context, since: int | None) -> tuple[set[str], set[str]]:
     """(names whose recorded weight norm changed, names with at least two weight rows), over
-    the steps from ``since`` (a resume: the training before it moved the weights of the
-    model the checkpoint came from, not what this optimizer does)."""
+    the steps from ``since``, where they came to be outside the optimizer (the training
+    before it moved them, not what this optimizer does)."""
     rows = ctx.rows("SELECT name, min(norm) <> max(norm), count(*) FROM tensor_stats "
                     "WHERE kind = 'param' AND isfinite(norm) AND step >= ? GROUP BY name",
                     [since if since is not None else -(2**62)])
     return ({str(n) for n, ch, _ in rows if ch}, {str(n) for n, _, c in rows if c >= 2})
+
+
+def _first(cov: dict[str, Any], state: str) -> Any:
+    """The step the state began (_structure._onsets), else the first coverage event's."""
+    onset = cov["onset"].get(state)
+    return onset if onset is not None else cov["first_step"]
 
 
 def detect(ctx: Context, th: Thresholds) -> list[Finding]:
@@ -54,7 +61,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     out = []
     outside = cov["not_in_optimizer"]
     if outside:
-        changed, seen = _changed(ctx, cov.get("since"))
+        since = cov["onset"].get("not_in_optimizer")
+        changed, seen = _changed(ctx, since)
         moved = [n for n in outside if n in changed]
         still = [n for n in outside if n in seen and n not in changed]
         unknown = [n for n in outside if n not in seen]
@@ -63,7 +71,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
             mods = no_gradient.modules(ctx, cov, names)
             out.append(Finding(
                 id=ID, severity="error" if still else "warning", subject=mods[0],
-                first_step=cov["first_step"],
+                first_step=_first(cov, "not_in_optimizer"),
                 title=f"{len(names)} trainable parameter(s) are in no optimizer param group",
                 message=(f"{_structure.describe(mods)}: {len(names)} parameter(s) "
                          "require grad but the optimizer does not hold them"
@@ -77,7 +85,8 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     if frozen:
         mods = no_gradient.modules(ctx, cov, frozen)
         out.append(Finding(
-            id=ID, severity="warning", subject=mods[0], first_step=cov["first_step"],
+            id=ID, severity="warning", subject=mods[0],
+            first_step=_first(cov, "frozen_in_optimizer"),
             title=f"{_structure.describe(mods, 2)} frozen, yet in the optimizer",
             message=(f"{_structure.describe(mods)}: {cov['counts']['frozen_in_optimizer']} "
                      "parameter(s) have requires_grad=False but are in an optimizer param "
