@@ -20,7 +20,11 @@ What is TRUE of the run (measured):
   93.6 (50-99), 73.8, 59.5, then 26-41. No clipping, no NaN/Inf, no divergence.
 - ~12 s on 2 busy CPU cores.
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from tracealyze.recorder import Recorder
@@ -49,9 +53,11 @@ class Coupling(nn.Module):
     def __init__(self, mask):
         super().__init__()
         self.register_buffer("mask", mask)
-        self.net = nn.Sequential(nn.Linear(DIM, 64), nn.SiLU(), nn.Linear(64, 64), nn.SiLU(),
-                                 nn.Linear(64, 2 * DIM))
-        nn.init.zeros_(self.net[-1].weight); nn.init.zeros_(self.net[-1].bias)
+        self.net = nn.Sequential(
+            nn.Linear(DIM, 64), nn.SiLU(), nn.Linear(64, 64), nn.SiLU(), nn.Linear(64, 2 * DIM)
+        )
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
         self.scale = nn.Parameter(torch.ones(DIM))
 
     def forward(self, x):
@@ -66,7 +72,8 @@ class Coupling(nn.Module):
 class ActNorm(nn.Module):
     def __init__(self):
         super().__init__()
-        self.loc = nn.Parameter(torch.zeros(DIM)); self.logs = nn.Parameter(torch.zeros(DIM))
+        self.loc = nn.Parameter(torch.zeros(DIM))
+        self.logs = nn.Parameter(torch.zeros(DIM))
 
     def forward(self, x):
         return (x + self.loc) * torch.exp(self.logs), self.logs.sum().expand(x.shape[0])
@@ -75,8 +82,12 @@ class ActNorm(nn.Module):
 class Flow(nn.Module):
     def __init__(self):
         super().__init__()
-        masks = [torch.tensor([1., 1., 0., 0.]), torch.tensor([0., 0., 1., 1.]),
-                 torch.tensor([1., 0., 1., 0.]), torch.tensor([0., 1., 0., 1.])]
+        masks = [
+            torch.tensor([1.0, 1.0, 0.0, 0.0]),
+            torch.tensor([0.0, 0.0, 1.0, 1.0]),
+            torch.tensor([1.0, 0.0, 1.0, 0.0]),
+            torch.tensor([0.0, 1.0, 0.0, 1.0]),
+        ]
         layers = []
         for i in range(LAYERS):
             layers += [ActNorm(), Coupling(masks[i % 4])]
@@ -87,20 +98,23 @@ class Flow(nn.Module):
         for layer in self.layers:
             x, ld = layer(x)
             logdet = logdet + ld
-        logp = -0.5 * (x ** 2).sum(1) - 0.5 * DIM * math.log(2 * math.pi)
+        logp = -0.5 * (x**2).sum(1) - 0.5 * DIM * math.log(2 * math.pi)
         return -(logp + logdet)
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     val = ring_mixture(torch.Generator().manual_seed(7), 4000)
     model = Flow()
-    with torch.no_grad():   # data-dependent ActNorm init on the first layer only
+    with torch.no_grad():  # data-dependent ActNorm init on the first layer only
         x0 = ring_mixture(torch.Generator().manual_seed(3), 1024)
-        model.layers[0].loc.copy_(-x0.mean(0)); model.layers[0].logs.copy_(-x0.std(0).log())
+        model.layers[0].loc.copy_(-x0.mean(0))
+        model.layers[0].logs.copy_(-x0.std(0).log())
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, STEPS, eta_min=1e-4)
     log = []
@@ -109,21 +123,29 @@ def main():
         for step in range(STEPS):
             x = ring_mixture(g, BATCH)
             loss = model.nll(x).mean()
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             gn = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
-            opt.step(); sched.step()
+            opt.step()
+            sched.step()
             rec.step(loss=loss, bits_per_dim=loss.detach() / (DIM * math.log(2)))
             log.append((loss.item(), gn))
             if step % 100 == 99:
                 with torch.no_grad():
                     print(f"step {step}: held-out nll {model.nll(val).mean().item():.3f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 50):
-        w = log[s:s + 50]
-        print(f"{s:3d}-{s+49}: loss med {med([a for a, _ in w]):.3f} [{min(a for a, _ in w):.3f},"
-              f" {max(a for a, _ in w):.3f}] gn med {med([b for _, b in w]):.2f} max {max(b for _, b in w):.2f}")
+        w = log[s : s + 50]
+        print(
+            f"{s:3d}-{s + 49}: loss med {med([a for a, _ in w]):.3f} [{min(a for a, _ in w):.3f},"
+            f" {max(a for a, _ in w):.3f}] gn med "
+            f"{med([b for _, b in w]):.2f} max {max(b for _, b in w):.2f}"
+        )
     print("first step loss<0:", next((i for i, (a, _) in enumerate(log) if a < 0), None))
-    print(f"time {time.time()-t0:.1f}s")
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,11 @@ What is TRUE of the run (measured):
   max 74 at the start). No NaN/Inf.
 - ~10-14 s on 2 busy CPU cores.
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -62,11 +66,21 @@ def shapes(g, n):
 class VAE(nn.Module):
     def __init__(self):
         super().__init__()
-        self.enc = nn.Sequential(nn.Conv2d(1, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1),
-                                 nn.ReLU(), nn.Flatten(), nn.Linear(32 * 16, 2 * LATENT))
+        self.enc = nn.Sequential(
+            nn.Conv2d(1, 16, 3, 2, 1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, 2, 1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(32 * 16, 2 * LATENT),
+        )
         self.dec_fc = nn.Linear(LATENT, 32 * 16)
-        self.dec = nn.Sequential(nn.ReLU(), nn.ConvTranspose2d(32, 16, 4, 2, 1), nn.ReLU(),
-                                 nn.ConvTranspose2d(16, 1, 4, 2, 1))
+        self.dec = nn.Sequential(
+            nn.ReLU(),
+            nn.ConvTranspose2d(32, 16, 4, 2, 1),
+            nn.ReLU(),
+            nn.ConvTranspose2d(16, 1, 4, 2, 1),
+        )
 
     def forward(self, x):
         mu, logvar = self.enc(x).chunk(2, 1)
@@ -80,9 +94,11 @@ def beta_at(step):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     val = shapes(torch.Generator().manual_seed(9), 1000)
     model = VAE()
@@ -94,10 +110,11 @@ def main():
             x = shapes(g, BATCH)
             logits, mu, logvar = model(x)
             rec_loss = F.binary_cross_entropy_with_logits(logits, x, reduction="sum") / BATCH
-            kl = 0.5 * (mu ** 2 + logvar.exp() - 1 - logvar).sum() / BATCH
+            kl = 0.5 * (mu**2 + logvar.exp() - 1 - logvar).sum() / BATCH
             beta = beta_at(step)
             loss = rec_loss + beta * kl
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             gn = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
             opt.step()
             rec.step(loss=loss, recon=rec_loss.detach(), kl=kl.detach(), beta=beta)
@@ -106,15 +123,24 @@ def main():
                 with torch.no_grad():
                     lo, m, lv = model(val)
                     r = F.binary_cross_entropy_with_logits(lo, val, reduction="sum") / len(val)
-                    k = 0.5 * (m ** 2 + lv.exp() - 1 - lv).sum() / len(val)
-                print(f"step {step}: beta {beta:.2f} held-out recon {r:.2f} kl {k:.2f} "
-                      f"elbo-loss {r + k:.2f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+                    k = 0.5 * (m**2 + lv.exp() - 1 - lv).sum() / len(val)
+                print(
+                    f"step {step}: beta {beta:.2f} held-out recon {r:.2f} kl {k:.2f} "
+                    f"elbo-loss {r + k:.2f}"
+                )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 30):
-        w = log[s:s + 30]
-        print(f"{s:3d}-{s+29}: loss med {med([r[0] for r in w]):.2f} recon {med([r[1] for r in w]):.2f}"
-              f" kl {med([r[2] for r in w]):.2f} gn med {med([r[3] for r in w]):.2f} max {max(r[3] for r in w):.2f}")
-    print(f"time {time.time()-t0:.1f}s")
+        w = log[s : s + 30]
+        print(
+            f"{s:3d}-{s + 29}: loss med {med([r[0] for r in w]):.2f} "
+            f"recon {med([r[1] for r in w]):.2f}"
+            f" kl {med([r[2] for r in w]):.2f} gn med "
+            f"{med([r[3] for r in w]):.2f} max {max(r[3] for r in w):.2f}"
+        )
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,13 @@ What is TRUE of the run (measured); timings from two runs:
 - No NaN/Inf.
 - ~17-20 s on 2 busy CPU cores.
 """
-import argparse, random, time, zlib
+
+import argparse
+import itertools
+import random
+import time
+import zlib
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -48,13 +54,30 @@ VOCAB = {
     4: "queue publish consume offset partition lag broker ack retry topic",
     5: "disk mount inode write read sector raid fsync quota volume",
 }
-COMMON = "info warn error debug request id host pid thread ms bytes ok failed start done".split()
+COMMON = [
+    "info",
+    "warn",
+    "error",
+    "debug",
+    "request",
+    "id",
+    "host",
+    "pid",
+    "thread",
+    "ms",
+    "bytes",
+    "ok",
+    "failed",
+    "start",
+    "done",
+]
 
 
 class LogLines(Dataset):
     """Synthetic service log lines, built and featurised per sample in Python: a line of
     8-20 words (35 % service-specific, the rest shared), lower-cased, digits and hex ids
-    normalised, then hashed character 1-6-grams (crc32 and adler32) and word bigrams into 4,096 buckets, kept as a
+    normalised, then hashed character 1-6-grams (crc32 and adler32) and word bigrams into 4,096
+    buckets, kept as a
     bag of bucket ids. This per-sample featuriser is what the loader spends its time on."""
 
     def __init__(self, n, seed):
@@ -72,9 +95,15 @@ class LogLines(Dataset):
             if r.random() < 0.35:
                 words.append(r.choice(own))
             elif r.random() < 0.3:
-                words.append(f"{r.randrange(16 ** 6):06x}" if r.random() < 0.5 else str(r.randrange(10 ** 5)))
+                words.append(
+                    f"{r.randrange(16**6):06x}" if r.random() < 0.5 else str(r.randrange(10**5))
+                )
             else:
-                words.append(r.choice(COMMON) if r.random() < 0.8 else r.choice(VOCAB[r.randrange(SERVICES)].split()))
+                words.append(
+                    r.choice(COMMON)
+                    if r.random() < 0.8
+                    else r.choice(VOCAB[r.randrange(SERVICES)].split())
+                )
         line = " ".join(w.upper() if r.random() < 0.1 else w for w in words).lower()
         norm = []
         for w in line.split():
@@ -88,11 +117,11 @@ class LogLines(Dataset):
         ids = []
         for n in range(1, 7):
             for k in range(len(text) - n + 1):
-                gram = text[k:k + n].encode()
-                ids.append(zlib.crc32(gram) % BUCKETS)          # two hash functions per
-                ids.append(zlib.adler32(gram) % BUCKETS)        # n-gram (fewer collisions)
-        toks = norm + ["</s>"]
-        for a, b in zip(toks, toks[1:]):
+                gram = text[k : k + n].encode()
+                ids.append(zlib.crc32(gram) % BUCKETS)  # two hash functions per
+                ids.append(zlib.adler32(gram) % BUCKETS)  # n-gram (fewer collisions)
+        toks = [*norm, "</s>"]
+        for a, b in itertools.pairwise(toks):
             ids.append(zlib.crc32(f"{a}|{b}".encode()) % BUCKETS)
         return torch.tensor(ids), y
 
@@ -116,12 +145,19 @@ class BagClassifier(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
-    loader = DataLoader(LogLines(STEPS * BATCH, seed=1), batch_size=BATCH, shuffle=True,
-                        collate_fn=collate, num_workers=0,
-                        generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    loader = DataLoader(
+        LogLines(STEPS * BATCH, seed=1),
+        batch_size=BATCH,
+        shuffle=True,
+        collate_fn=collate,
+        num_workers=0,
+        generator=torch.Generator().manual_seed(2),
+    )
     val = collate([LogLines(1000, seed=99)[i] for i in range(1000)])
     model = BagClassifier()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -132,7 +168,9 @@ def main():
         for step, (ids, offsets, y) in enumerate(rec.wrap_loader(loader)):
             t_data = time.perf_counter()
             loss = F.cross_entropy(model(ids, offsets), y)
-            opt.zero_grad(); loss.backward(); opt.step()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
             rec.step(loss=loss)
             t_end = time.perf_counter()
             log.append((loss.item(), t_data - t_prev, t_end - t_data))
@@ -140,15 +178,23 @@ def main():
             if step % 60 == 59:
                 with torch.no_grad():
                     out = model(val[0], val[1])
-                print(f"step {step}: val loss {F.cross_entropy(out, val[2]):.3f} acc "
-                      f"{(out.argmax(1) == val[2]).float().mean():.3f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+                print(
+                    f"step {step}: val loss {F.cross_entropy(out, val[2]):.3f} acc "
+                    f"{(out.argmax(1) == val[2]).float().mean():.3f}"
+                )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, len(log), 50):
-        w = log[s:s + 50]
-        print(f"{s:3d}-{s+49}: loss med {med([r[0] for r in w]):.3f} data wait med "
-              f"{med([r[1] for r in w])*1e3:.1f} ms compute med {med([r[2] for r in w])*1e3:.1f} ms")
+        w = log[s : s + 50]
+        print(
+            f"{s:3d}-{s + 49}: loss med {med([r[0] for r in w]):.3f} data wait med "
+            f"{med([r[1] for r in w]) * 1e3:.1f} ms compute "
+            f"med {med([r[2] for r in w]) * 1e3:.1f} ms"
+        )
     tw, tc = sum(r[1] for r in log), sum(r[2] for r in log)
-    print(f"steps {len(log)}; data wait share {tw/(tw+tc):.3f}; time {time.time()-t0:.1f}s")
+    print(f"steps {len(log)}; data wait share {tw / (tw + tc):.3f}; time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,11 @@ What is TRUE of the run (measured):
   no unit that is never active.
 - ~11 s on 2 busy CPU cores.
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -44,7 +48,8 @@ STEPS, BATCH, NODES, MAX_LR = 450, 32, 20, 0.2
 def graphs(g, n):
     """n random graphs on 14-20 nodes (padded to 20), 3 families with the same mean degree
     (~4): 0 Erdos-Renyi, 1 preferential attachment (hubs), 2 ring lattice k=4 with 30 %
-    rewiring (small world), 3 two-community stochastic block model. Node features: a constant 1 and a random scalar (uninformative)."""
+    rewiring (small world), 3 two-community stochastic block model. Node features: a constant 1
+    and a random scalar (uninformative)."""
     y = torch.randint(0, 4, (n,), generator=g)
     adj = torch.zeros(n, NODES, NODES)
     mask = torch.zeros(n, NODES)
@@ -83,8 +88,14 @@ class GINLayer(nn.Module):
     def __init__(self, din, dout):
         super().__init__()
         self.eps = nn.Parameter(torch.zeros(1))
-        self.mlp = nn.Sequential(nn.Linear(din, dout), nn.BatchNorm1d(dout), nn.ReLU(),
-                                 nn.Linear(dout, dout), nn.BatchNorm1d(dout), nn.ReLU())
+        self.mlp = nn.Sequential(
+            nn.Linear(din, dout),
+            nn.BatchNorm1d(dout),
+            nn.ReLU(),
+            nn.Linear(dout, dout),
+            nn.BatchNorm1d(dout),
+            nn.ReLU(),
+        )
 
     def forward(self, h, adj, mask):
         agg = (1 + self.eps) * h + adj @ h
@@ -98,8 +109,9 @@ class GIN(nn.Module):
     def __init__(self):
         super().__init__()
         self.layers = nn.ModuleList([GINLayer(2, 32), GINLayer(32, 32), GINLayer(32, 32)])
-        self.head = nn.Sequential(nn.Linear(2 + 3 * 32, 32), nn.BatchNorm1d(32), nn.ReLU(),
-                                  nn.Linear(32, 4))
+        self.head = nn.Sequential(
+            nn.Linear(2 + 3 * 32, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4)
+        )
 
     def forward(self, adj, h, mask):
         reads = [h.sum(1) / 10]
@@ -110,19 +122,23 @@ class GIN(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     val = graphs(torch.Generator().manual_seed(11), 600)
     t0 = time.time()
-    pool = [graphs(g, BATCH) for _ in range(60)]          # 1,920 training graphs, 60 batches
-    print(f"data {time.time()-t0:.1f}s")
+    pool = [graphs(g, BATCH) for _ in range(60)]  # 1,920 training graphs, 60 batches
+    print(f"data {time.time() - t0:.1f}s")
     model = GIN()
-    opt = torch.optim.SGD(model.parameters(), lr=MAX_LR / 25, momentum=0.9, nesterov=True,
-                          weight_decay=5e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=MAX_LR, total_steps=STEPS,
-                                                pct_start=0.3)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=MAX_LR / 25, momentum=0.9, nesterov=True, weight_decay=5e-4
+    )
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=MAX_LR, total_steps=STEPS, pct_start=0.3
+    )
     log = []
     order = torch.Generator().manual_seed(2)
     with Recorder(args.run_dir, model=model, optimizer=opt, preset="debug") as rec:
@@ -131,10 +147,12 @@ def main():
                 perm = torch.randperm(len(pool), generator=order).tolist()
             adj, feat, mask, y = pool[perm[step % len(pool)]]
             loss = F.cross_entropy(model(adj, feat, mask), y)
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             gn = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
             lr = opt.param_groups[0]["lr"]
-            opt.step(); sched.step()
+            opt.step()
+            sched.step()
             rec.step(loss=loss)
             log.append((loss.item(), gn, lr))
             if step % 75 == 74:
@@ -142,11 +160,16 @@ def main():
                 with torch.no_grad():
                     out = model(val[0], val[1], val[2])
                 model.train()
-                print(f"step {step}: lr {lr:.4f} val loss {F.cross_entropy(out, val[3]):.3f} "
-                      f"acc {(out.argmax(1) == val[3]).float().mean():.3f}")
+                print(
+                    f"step {step}: lr {lr:.4f} val loss {F.cross_entropy(out, val[3]):.3f} "
+                    f"acc {(out.argmax(1) == val[3]).float().mean():.3f}"
+                )
     zero = {}
-    hooks = [m.register_forward_hook(lambda m, i, o, n=n: zero.__setitem__(n, o.detach()))
-             for n, m in model.named_modules() if isinstance(m, nn.ReLU)]
+    hooks = [
+        m.register_forward_hook(lambda m, i, o, n=n: zero.__setitem__(n, o.detach()))
+        for n, m in model.named_modules()
+        if isinstance(m, nn.ReLU)
+    ]
     model.eval()
     with torch.no_grad():
         model(val[0], val[1], val[2])
@@ -155,15 +178,24 @@ def main():
     real = val[2].reshape(-1) > 0
     for n, o in zero.items():
         o = o[real] if o.shape[0] == real.shape[0] else o
-        print(f"ReLU {n}: zero fraction {(o == 0).float().mean():.2f}, units never active "
-              f"{(o == 0).all(0).float().mean():.2f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+        print(
+            f"ReLU {n}: zero fraction {(o == 0).float().mean():.2f}, units never active "
+            f"{(o == 0).all(0).float().mean():.2f}"
+        )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 30):
-        w = log[s:s + 30]
-        print(f"{s:3d}-{s+29}: lr {w[0][2]:.4f}->{w[-1][2]:.4f} loss med {med([r[0] for r in w]):.3f} "
-              f"[{min(r[0] for r in w):.3f}, {max(r[0] for r in w):.3f}] gn med {med([r[1] for r in w]):.2f}"
-              f" max {max(r[1] for r in w):.2f}")
-    print(f"time {time.time()-t0:.1f}s")
+        w = log[s : s + 30]
+        print(
+            f"{s:3d}-{s + 29}: lr {w[0][2]:.4f}->{w[-1][2]:.4f} "
+            f"loss med {med([r[0] for r in w]):.3f} "
+            f"[{min(r[0] for r in w):.3f}, {max(r[0] for r in w):.3f}] "
+            f"gn med {med([r[1] for r in w]):.2f}"
+            f" max {max(r[1] for r in w):.2f}"
+        )
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,11 @@ What is TRUE of the run (measured):
 - No NaN/Inf; the run ends "completed".
 - ~20-22 s on 2 busy CPU cores (pretraining included).
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -39,8 +43,13 @@ from tracealyze.recorder import Recorder
 EXPECT = {
     "healthy": False,
     "findings": [
-        {"id": "optimizer_coverage", "first_step": 200, "tolerance": 1, "top": True,
-         "subject": "encoder"},
+        {
+            "id": "optimizer_coverage",
+            "first_step": 200,
+            "tolerance": 1,
+            "top": True,
+            "subject": "encoder",
+        },
     ],
     "forbidden": ["nonfinite", "loss_divergence", "dataloader_bottleneck"],
 }
@@ -50,7 +59,7 @@ PRETRAIN, STEPS, UNFREEZE, BATCH, SIDE, GLYPHS = 150, 450, 200, 64, 20, 10
 
 def templates():
     tg = torch.Generator().manual_seed(42)
-    return 3 + 14 * torch.rand(GLYPHS, 5, 2, generator=tg)      # 5-point polylines
+    return 3 + 14 * torch.rand(GLYPHS, 5, 2, generator=tg)  # 5-point polylines
 
 
 def render(g, n, mirror_prob):
@@ -80,9 +89,15 @@ class Encoder(nn.Module):
     def __init__(self):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(1, 24, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(24, 48, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(48, 64, 3, padding=1), nn.ReLU())
+            nn.Conv2d(1, 24, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(24, 48, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(48, 64, 3, padding=1),
+            nn.ReLU(),
+        )
 
     def forward(self, x):
         return self.net(x).mean((2, 3))
@@ -99,28 +114,35 @@ class Classifier(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--fixed", action="store_true",
-                    help="add the encoder to the optimizer at the unfreeze (the correct code)")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument(
+        "--fixed",
+        action="store_true",
+        help="add the encoder to the optimizer at the unfreeze (the correct code)",
+    )
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     t0 = time.time()
 
     # --- pretraining (not recorded): glyph identity, mirror-augmented ---------------------
     pre = Classifier(GLYPHS)
     popt = torch.optim.Adam(pre.parameters(), lr=2e-3)
-    for step in range(PRETRAIN):
+    for _ in range(PRETRAIN):
         x, gid, _ = render(g, BATCH, 0.5)
         loss = F.cross_entropy(pre(x), gid)
-        popt.zero_grad(); loss.backward(); popt.step()
-    print(f"pretrain done: last loss {loss.item():.3f} ({time.time()-t0:.1f}s)")
+        popt.zero_grad()
+        loss.backward()
+        popt.step()
+    print(f"pretrain done: last loss {loss.item():.3f} ({time.time() - t0:.1f}s)")
 
     # --- fine-tuning: glyph x handedness (20 classes) -------------------------------------
     model = Classifier(2 * GLYPHS)
     model.encoder.load_state_dict(pre.encoder.state_dict())
     for p in model.encoder.parameters():
-        p.requires_grad_(False)                                    # linear-probe phase
+        p.requires_grad_(False)  # linear-probe phase
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=2e-3)
     val_x, vg, vm = render(torch.Generator().manual_seed(5), 1000, 0.5)
     val_y = vg * 2 + vm
@@ -129,34 +151,44 @@ def main():
         for step in range(STEPS):
             if step == UNFREEZE:
                 for p in model.encoder.parameters():
-                    p.requires_grad_(True)                         # full fine-tuning phase
+                    p.requires_grad_(True)  # full fine-tuning phase
                 if args.fixed:
-                    opt.add_param_group({"params": list(model.encoder.parameters()),
-                                         "lr": 5e-4})
+                    opt.add_param_group({"params": list(model.encoder.parameters()), "lr": 5e-4})
             x, gid, mir = render(g, BATCH, 0.5)
             loss = F.cross_entropy(model(x), gid * 2 + mir)
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             enc = [p for p in model.encoder.parameters()]
             before = [p.detach().clone() for p in enc]
             egn = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in enc if p.grad is not None))
             opt.step()
             rec.step(loss=loss)
-            upd = math.sqrt(sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(enc, before)))
+            upd = math.sqrt(
+                sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(enc, before, strict=False))
+            )
             log.append((loss.item(), egn, upd))
             if step % 50 == 49:
                 with torch.no_grad():
                     out = model(val_x)
                 pred = out.argmax(1)
-                print(f"step {step}: val loss {F.cross_entropy(out, val_y):.3f} acc "
-                      f"{(pred == val_y).float().mean():.3f} glyph acc {(pred // 2 == vg).float().mean():.3f}"
-                      f" handedness acc {(pred % 2 == vm).float().mean():.3f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+                print(
+                    f"step {step}: val loss {F.cross_entropy(out, val_y):.3f} acc "
+                    f"{(pred == val_y).float().mean():.3f} glyph "
+                    f"acc {(pred // 2 == vg).float().mean():.3f}"
+                    f" handedness acc {(pred % 2 == vm).float().mean():.3f}"
+                )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 50):
-        w = log[s:s + 50]
-        print(f"{s:3d}-{s+49}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f}, "
-              f"{max(r[0] for r in w):.3f}] encoder grad med {med([r[1] for r in w]):.3g} "
-              f"encoder update med {med([r[2] for r in w]):.3g}")
-    print(f"time {time.time()-t0:.1f}s")
+        w = log[s : s + 50]
+        print(
+            f"{s:3d}-{s + 49}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f}, "
+            f"{max(r[0] for r in w):.3f}] encoder grad med {med([r[1] for r in w]):.3g} "
+            f"encoder update med {med([r[2] for r in w]):.3g}"
+        )
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,11 @@ What is TRUE of the run (measured):
   two runs), 12 of 480 steps, 5-6 % of the loop time.
 - ~20-27 s on 2 busy CPU cores.
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -53,15 +57,24 @@ def gestures(g, n):
     yc = y[:, None]
     ang = 2 * math.pi * s
     circ_x, circ_y = torch.cos(ang), torch.sin(ang) * torch.where(yc == 0, -1.0, 1.0)
-    zig_x, zig_y = 2 * s - 1, 0.5 * torch.sign(torch.sin(4 * ang)) * torch.abs(torch.sin(4 * ang)) ** 0.3
+    zig_x, zig_y = (
+        2 * s - 1,
+        0.5 * torch.sign(torch.sin(4 * ang)) * torch.abs(torch.sin(4 * ang)) ** 0.3,
+    )
     spi_x, spi_y = s * torch.cos(1.5 * ang), s * torch.sin(1.5 * ang)
     l_x = torch.where(s < 0.5, torch.zeros_like(s), 2 * (s - 0.5))
     l_y = torch.where(s < 0.5, 1 - 2 * s, torch.zeros_like(s))
     wav_x, wav_y = 2 * s - 1, 0.4 * torch.sin(2 * ang)
-    px = torch.where(yc <= 1, circ_x, torch.where(yc == 2, zig_x, torch.where(
-        yc == 3, spi_x, torch.where(yc == 4, l_x, wav_x))))
-    py = torch.where(yc <= 1, circ_y, torch.where(yc == 2, zig_y, torch.where(
-        yc == 3, spi_y, torch.where(yc == 4, l_y, wav_y))))
+    px = torch.where(
+        yc <= 1,
+        circ_x,
+        torch.where(yc == 2, zig_x, torch.where(yc == 3, spi_x, torch.where(yc == 4, l_x, wav_x))),
+    )
+    py = torch.where(
+        yc <= 1,
+        circ_y,
+        torch.where(yc == 2, zig_y, torch.where(yc == 3, spi_y, torch.where(yc == 4, l_y, wav_y))),
+    )
     rot = 2 * math.pi * torch.rand(n, 1, generator=g)
     sc = 0.7 + 0.6 * torch.rand(n, 1, generator=g)
     qx = sc * (px * torch.cos(rot) - py * torch.sin(rot))
@@ -69,7 +82,7 @@ def gestures(g, n):
     dx, dy = qx.diff(dim=1) * T / 4, qy.diff(dim=1) * T / 4
     dx = dx + 1.5 * torch.randn(n, T, generator=g)
     dy = dy + 1.5 * torch.randn(n, T, generator=g)
-    sp = torch.sqrt(dx ** 2 + dy ** 2)
+    sp = torch.sqrt(dx**2 + dy**2)
     return torch.stack([dx, dy, sp], 2), y
 
 
@@ -87,9 +100,11 @@ class GestureGRU(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     val_x, val_y = gestures(torch.Generator().manual_seed(3), 400)
     model = GestureGRU()
@@ -103,9 +118,11 @@ def main():
             x, y = gestures(g, BATCH)
             out = model(x)
             loss = F.cross_entropy(out, y, label_smoothing=SMOOTH)
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             gn = float(nn.utils.clip_grad_norm_(model.parameters(), 5.0))
-            opt.step(); sched.step()
+            opt.step()
+            sched.step()
             acc = (out.argmax(1) == y).float().mean()
             metrics = {"train_acc": acc}
             if step % EVAL_EVERY == EVAL_EVERY - 1:
@@ -122,19 +139,28 @@ def main():
             times.append(time.perf_counter() - ts)
     for e in evals:
         print(f"eval step {e[0]}: val acc {e[1]:.3f} val CE (unsmoothed) {e[2]:.3f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 40):
-        w = log[s:s + 40]
-        print(f"{s:3d}-{s+39}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f}, "
-              f"{max(r[0] for r in w):.3f}] train acc {sum(r[2] for r in w)/len(w):.3f} gn med "
-              f"{med([r[1] for r in w]):.2f} max {max(r[1] for r in w):.2f}")
+        w = log[s : s + 40]
+        print(
+            f"{s:3d}-{s + 39}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f}, "
+            f"{max(r[0] for r in w):.3f}] train acc {sum(r[2] for r in w) / len(w):.3f} gn med "
+            f"{med([r[1] for r in w]):.2f} max {max(r[1] for r in w):.2f}"
+        )
     ev = [times[i] for i in range(STEPS) if i % EVAL_EVERY == EVAL_EVERY - 1]
     ot = [times[i] for i in range(STEPS) if i % EVAL_EVERY != EVAL_EVERY - 1]
-    floor = -((1 - SMOOTH + SMOOTH / CLASSES) * math.log(1 - SMOOTH + SMOOTH / CLASSES)
-              + (CLASSES - 1) * SMOOTH / CLASSES * math.log(SMOOTH / CLASSES))
-    print(f"smoothed-CE floor {floor:.3f}; step time median {med(ot)*1e3:.1f} ms, eval steps "
-          f"median {med(ev)*1e3:.1f} ms, eval share {sum(ev)/sum(times):.3f}")
-    print(f"time {time.time()-t0:.1f}s")
+    floor = -(
+        (1 - SMOOTH + SMOOTH / CLASSES) * math.log(1 - SMOOTH + SMOOTH / CLASSES)
+        + (CLASSES - 1) * SMOOTH / CLASSES * math.log(SMOOTH / CLASSES)
+    )
+    print(
+        f"smoothed-CE floor {floor:.3f}; step time median {med(ot) * 1e3:.1f} ms, eval steps "
+        f"median {med(ev) * 1e3:.1f} ms, eval share {sum(ev) / sum(times):.3f}"
+    )
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

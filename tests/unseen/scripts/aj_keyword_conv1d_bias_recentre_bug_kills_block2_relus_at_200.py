@@ -26,7 +26,10 @@ What is TRUE of the run (measured):
 - No NaN/Inf; the run ends "completed".
 - ~14 s on 2 busy CPU cores.
 """
-import argparse, time
+
+import argparse
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -35,8 +38,13 @@ from tracealyze.recorder import Recorder
 EXPECT = {
     "healthy": False,
     "findings": [
-        {"id": "dead_activation", "first_step": 200, "tolerance": 1, "top": True,
-         "subject": "block2"},
+        {
+            "id": "dead_activation",
+            "first_step": 200,
+            "tolerance": 1,
+            "top": True,
+            "subject": "block2",
+        },
         {"id": "loss_plateau", "first_step": 205, "tolerance": 20},
     ],
     "forbidden": ["nonfinite", "gradient_explosion", "memory_leak"],
@@ -84,9 +92,11 @@ class KeywordCNN(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     val_x, val_y = utterances(torch.Generator().manual_seed(8), 1000)
     model = KeywordCNN()
@@ -95,7 +105,8 @@ def main():
     acts = {}
     for name in ("block1", "block2", "block3"):
         getattr(model, name).register_forward_hook(
-            lambda m, i, o, name=name: acts.__setitem__(name, float((o == 0).float().mean())))
+            lambda m, i, o, name=name: acts.__setitem__(name, float((o == 0).float().mean()))
+        )
     t0 = time.time()
     with Recorder(args.run_dir, model=model, optimizer=opt, preset="debug") as rec:
         for step in range(STEPS):
@@ -108,7 +119,8 @@ def main():
                     model.block2[0].bias -= 10 * pre.abs().amax((0, 2))
             x, y = utterances(g, BATCH)
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             gn = {n: float(p.grad.norm()) for n, p in model.named_parameters()}
             opt.step()
             rec.step(loss=loss)
@@ -116,20 +128,32 @@ def main():
             if step % 50 == 49:
                 with torch.no_grad():
                     out = model(val_x)
-                print(f"step {step}: val loss {F.cross_entropy(out, val_y):.3f} acc "
-                      f"{(out.argmax(1) == val_y).float().mean():.3f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+                print(
+                    f"step {step}: val loss {F.cross_entropy(out, val_y):.3f} acc "
+                    f"{(out.argmax(1) == val_y).float().mean():.3f}"
+                )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 25):
-        w = log[s:s + 25]
-        print(f"{s:3d}-{s+24}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f},"
-              f" {max(r[0] for r in w):.3f}] grad med block1.w {med([r[1]['block1.0.weight'] for r in w]):.3g}"
-              f" block2.w {med([r[1]['block2.0.weight'] for r in w]):.3g} head.w "
-              f"{med([r[1]['head.weight'] for r in w]):.3g} zero-frac b1 {w[-1][2]['block1']:.2f} "
-              f"b2 {w[-1][2]['block2']:.2f} b3 {w[-1][2]['block3']:.2f}")
+        w = log[s : s + 25]
+        print(
+            f"{s:3d}-{s + 24}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f},"
+            f" {max(r[0] for r in w):.3f}] grad med block1.w "
+            f"{med([r[1]['block1.0.weight'] for r in w]):.3g}"
+            f" block2.w {med([r[1]['block2.0.weight'] for r in w]):.3g} head.w "
+            f"{med([r[1]['head.weight'] for r in w]):.3g} zero-frac b1 {w[-1][2]['block1']:.2f} "
+            f"b2 {w[-1][2]['block2']:.2f} b3 {w[-1][2]['block3']:.2f}"
+        )
     for s in range(BAD_STEP - 2, BAD_STEP + 3):
-        print(s, f"{log[s][0]:.3f}", {k: round(v, 3) for k, v in log[s][2].items()},
-              f"{log[s][1]['block2.0.weight']:.3g}")
-    print(f"time {time.time()-t0:.1f}s")
+        print(
+            s,
+            f"{log[s][0]:.3f}",
+            {k: round(v, 3) for k, v in log[s][2].items()},
+            f"{log[s][1]['block2.0.weight']:.3g}",
+        )
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

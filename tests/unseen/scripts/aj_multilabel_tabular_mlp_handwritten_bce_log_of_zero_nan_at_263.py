@@ -24,7 +24,11 @@ What is TRUE of the run (measured):
 - No exception is raised; the run ends "completed".
 - ~6 s on 2 busy CPU cores.
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from tracealyze.recorder import Recorder
@@ -60,17 +64,24 @@ class TabularNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.type_emb = nn.Embedding(CATS, 8)
-        self.mlp = nn.Sequential(nn.Linear(FEATS + 8, 128), nn.ReLU(), nn.Linear(128, 128),
-                                 nn.ReLU(), nn.Linear(128, LABELS))
+        self.mlp = nn.Sequential(
+            nn.Linear(FEATS + 8, 128),
+            nn.ReLU(),
+            nn.Linear(128, 128),
+            nn.ReLU(),
+            nn.Linear(128, LABELS),
+        )
 
     def forward(self, x, typ):
         return self.mlp(torch.cat([x, self.type_emb(typ)], 1))
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     vx, vt, vy = machines(torch.Generator().manual_seed(6), 2000)
     model = TabularNet()
@@ -84,33 +95,51 @@ def main():
             p = torch.sigmoid(z)
             # hand-written binary cross-entropy: log(1 - p) is log(0) once p rounds to 1.0
             loss = -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             gfin = all(bool(torch.isfinite(q.grad).all()) for q in model.parameters())
             gn = math.sqrt(sum(float(q.grad.pow(2).sum()) for q in model.parameters()))
             opt.step()
             rec.step(loss=loss)
             wfin = all(bool(torch.isfinite(q).all()) for q in model.parameters())
-            log.append((loss.item(), gn, float(z.detach().max()), float(z.detach().min()),
-                        gfin, wfin, int((p == 1).sum())))
+            log.append(
+                (
+                    loss.item(),
+                    gn,
+                    float(z.detach().max()),
+                    float(z.detach().min()),
+                    gfin,
+                    wfin,
+                    int((p == 1).sum()),
+                )
+            )
             if step % 50 == 49:
                 with torch.no_grad():
                     vz = model(vx, vt)
                     vl = nn.functional.binary_cross_entropy_with_logits(vz, vy)
-                print(f"step {step}: val bce (stable) {vl:.4f} acc per tag "
-                      f"{[round(v, 3) for v in ((vz > 0).float() == vy).float().mean(0).tolist()]}")
-    med = lambda v: sorted(v)[len(v) // 2]
+                print(
+                    f"step {step}: val bce (stable) {vl:.4f} acc per tag "
+                    f"{[round(v, 3) for v in ((vz > 0).float() == vy).float().mean(0).tolist()]}"
+                )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 25):
-        w = [r for r in log[s:s + 25]]
+        w = [r for r in log[s : s + 25]]
         fin = [r[0] for r in w if math.isfinite(r[0])]
-        print(f"{s:3d}-{s+24}: loss med {med(fin) if fin else float('nan'):.4f} (finite {len(fin)}/25) "
-              f"gn med {med([r[1] for r in w]):.3g} max logit {max(r[2] for r in w):.2f} "
-              f"min logit {min(r[3] for r in w):.2f}")
+        print(
+            f"{s:3d}-{s + 24}: loss med "
+            f"{med(fin) if fin else float('nan'):.4f} (finite {len(fin)}/25) "
+            f"gn med {med([r[1] for r in w]):.3g} max logit {max(r[2] for r in w):.2f} "
+            f"min logit {min(r[3] for r in w):.2f}"
+        )
     first = next((i for i, r in enumerate(log) if not math.isfinite(r[0])), None)
     print("first nonfinite loss step:", first)
     if first is not None:
         for i in range(first - 2, min(first + 3, STEPS)):
             print(i, log[i])
-    print(f"time {time.time()-t0:.1f}s")
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,11 @@ What is TRUE of the run (measured):
 - No NaN/Inf; the run ends "completed".
 - ~14-17 s on 2 busy CPU cores.
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -48,18 +52,26 @@ def clouds(g, n):
     """n point clouds of 64 points: 0 sphere surface, 1 cube surface, 2 cylinder, 3 cone,
     4 torus; random 3-D rotation, anisotropic scale 0.8-1.2, noise 0.05 (metres)."""
     y = torch.randint(0, CLASSES, (n,), generator=g)
-    u = torch.rand(n, POINTS, generator=g); v = torch.rand(n, POINTS, generator=g)
+    u = torch.rand(n, POINTS, generator=g)
+    v = torch.rand(n, POINTS, generator=g)
     th, ph = 2 * math.pi * u, torch.acos(2 * v - 1)
-    sphere = torch.stack([torch.sin(ph) * torch.cos(th), torch.sin(ph) * torch.sin(th), torch.cos(ph)], 2)
+    sphere = torch.stack(
+        [torch.sin(ph) * torch.cos(th), torch.sin(ph) * torch.sin(th), torch.cos(ph)], 2
+    )
     face = torch.randint(0, 6, (n, POINTS), generator=g)
     cube = torch.rand(n, POINTS, 3, generator=g) * 2 - 1
     ax = face // 2
     cube = cube.scatter(2, ax[..., None], (face % 2 * 2 - 1).float()[..., None])
     cyl = torch.stack([torch.cos(th), torch.sin(th), 2 * v - 1], 2)
     cone = torch.stack([v * torch.cos(th), v * torch.sin(th), 1 - 2 * v], 2)
-    tor = torch.stack([(1 + 0.35 * torch.cos(2 * math.pi * v)) * torch.cos(th),
-                       (1 + 0.35 * torch.cos(2 * math.pi * v)) * torch.sin(th),
-                       0.35 * torch.sin(2 * math.pi * v)], 2)
+    tor = torch.stack(
+        [
+            (1 + 0.35 * torch.cos(2 * math.pi * v)) * torch.cos(th),
+            (1 + 0.35 * torch.cos(2 * math.pi * v)) * torch.sin(th),
+            0.35 * torch.sin(2 * math.pi * v),
+        ],
+        2,
+    )
     allc = torch.stack([sphere, cube, cyl, cone, tor], 1)
     pts = allc[torch.arange(n), y]
     q, _ = torch.linalg.qr(torch.randn(n, 3, 3, generator=g))
@@ -73,8 +85,14 @@ class PointNet(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.point_mlp = nn.Sequential(nn.Conv1d(3, 64, 1), nn.ReLU(), nn.Conv1d(64, 64, 1),
-                                       nn.ReLU(), nn.Conv1d(64, 128, 1), nn.ReLU())
+        self.point_mlp = nn.Sequential(
+            nn.Conv1d(3, 64, 1),
+            nn.ReLU(),
+            nn.Conv1d(64, 64, 1),
+            nn.ReLU(),
+            nn.Conv1d(64, 128, 1),
+            nn.ReLU(),
+        )
         self.head = nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, CLASSES))
 
     def forward(self, pts):
@@ -82,9 +100,11 @@ class PointNet(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     val_x, val_y = clouds(torch.Generator().manual_seed(4), 1000)
     model = PointNet()
@@ -97,7 +117,8 @@ def main():
             if step == BAD_STEP:
                 x[BAD_INDEX] = x[BAD_INDEX] * BAD_SCALE
             loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(); loss.backward()
+            opt.zero_grad()
+            loss.backward()
             gn = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()))
             pn = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in model.parameters()))
             opt.step()
@@ -109,17 +130,30 @@ def main():
             if step % 70 == 69 or step == BAD_STEP:
                 with torch.no_grad():
                     out = model(val_x)
-                print(f"step {step}: val loss {F.cross_entropy(out, val_y):.3f} acc "
-                      f"{(out.argmax(1) == val_y).float().mean():.3f}")
-    med = lambda v: sorted(v)[len(v) // 2]
+                print(
+                    f"step {step}: val loss {F.cross_entropy(out, val_y):.3f} acc "
+                    f"{(out.argmax(1) == val_y).float().mean():.3f}"
+                )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 30):
-        w = log[s:s + 30]
-        print(f"{s:3d}-{s+29}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f}, "
-              f"{max(r[0] for r in w):.3f}] gn med {med([r[1] for r in w]):.3g} max {max(r[1] for r in w):.3g}"
-              f" |w| {w[-1][2]:.1f} dead {w[-1][3]:.2f}")
-    for s in list(range(BAD_STEP - 3, BAD_STEP + 8)) + [i for i in range(BAD_STEP + 8, STEPS) if log[i][0] > 2]:
-        print(f"step {s}: loss {log[s][0]:.4g} gn {log[s][1]:.4g} |w| {log[s][2]:.4g} dead {log[s][3]:.2f}")
-    print(f"time {time.time()-t0:.1f}s")
+        w = log[s : s + 30]
+        print(
+            f"{s:3d}-{s + 29}: loss med {med([r[0] for r in w]):.3f} [{min(r[0] for r in w):.3f}, "
+            f"{max(r[0] for r in w):.3f}] gn med "
+            f"{med([r[1] for r in w]):.3g} max {max(r[1] for r in w):.3g}"
+            f" |w| {w[-1][2]:.1f} dead {w[-1][3]:.2f}"
+        )
+    for s in list(range(BAD_STEP - 3, BAD_STEP + 8)) + [
+        i for i in range(BAD_STEP + 8, STEPS) if log[i][0] > 2
+    ]:
+        print(
+            f"step {s}: loss {log[s][0]:.4g} gn {log[s][1]:.4g} "
+            f"|w| {log[s][2]:.4g} dead {log[s][3]:.2f}"
+        )
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":

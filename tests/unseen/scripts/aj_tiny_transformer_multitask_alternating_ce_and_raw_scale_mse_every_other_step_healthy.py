@@ -25,7 +25,11 @@ What is TRUE of the run (measured):
 - No NaN/Inf, no clipping needed.
 - ~19 s on 2 busy CPU cores.
 """
-import argparse, math, time
+
+import argparse
+import math
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -45,8 +49,10 @@ def batch_cls(g, n):
     x = torch.randint(4, VOCAB, (n, SEQ), generator=g)
     y = torch.randint(0, 4, (n,), generator=g)
     pos = torch.randint(0, SEQ - 1, (n,), generator=g)
-    a = torch.tensor([0, 1, 2, 3])[y]; b = torch.tensor([1, 2, 3, 0])[y]
-    x[torch.arange(n), pos] = a; x[torch.arange(n), pos + 1] = b
+    a = torch.tensor([0, 1, 2, 3])[y]
+    b = torch.tensor([1, 2, 3, 0])[y]
+    x[torch.arange(n), pos] = a
+    x[torch.arange(n), pos + 1] = b
     return x, y
 
 
@@ -65,8 +71,7 @@ class Net(nn.Module):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, D)
         self.pos = nn.Parameter(0.02 * torch.randn(SEQ, D))
-        layer = nn.TransformerEncoderLayer(D, 4, 96, dropout=0.0, batch_first=True,
-                                           norm_first=True)
+        layer = nn.TransformerEncoderLayer(D, 4, 96, dropout=0.0, batch_first=True, norm_first=True)
         self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(D)
         self.cls_head = nn.Linear(D, 4)
@@ -78,46 +83,62 @@ class Net(nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(); ap.add_argument("--run-dir", required=True)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True)
     args = ap.parse_args()
-    torch.manual_seed(0); torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(1)
     vg = torch.Generator().manual_seed(5)
     vc, vr = batch_cls(vg, 1000), batch_reg(vg, 1000)
     model = Net()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 30) * 0.5 * (1 + math.cos(math.pi * s / STEPS)))
+        opt, lambda s: min(1.0, (s + 1) / 30) * 0.5 * (1 + math.cos(math.pi * s / STEPS))
+    )
     log = []
     t0 = time.time()
     with Recorder(args.run_dir, model=model, optimizer=opt, preset="standard") as rec:
         for step in range(STEPS):
             task = "cls" if step % 2 == 0 else "reg"
             if task == "cls":
-                x, y = batch_cls(g, BATCH); loss = F.cross_entropy(model(x, task), y)
+                x, y = batch_cls(g, BATCH)
+                loss = F.cross_entropy(model(x, task), y)
             else:
-                x, y = batch_reg(g, BATCH); loss = F.mse_loss(model(x, task), y)
-            opt.zero_grad(); loss.backward()
-            gn = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters()
-                               if p.grad is not None))
-            opt.step(); sched.step()
+                x, y = batch_reg(g, BATCH)
+                loss = F.mse_loss(model(x, task), y)
+            opt.zero_grad()
+            loss.backward()
+            gn = math.sqrt(
+                sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None)
+            )
+            opt.step()
+            sched.step()
             rec.step(loss=loss, **{f"loss_{task}": loss.detach()})
             log.append((task, loss.item(), gn))
             if step % 100 == 99:
                 with torch.no_grad():
-                    oc = model(vc[0], "cls"); orr = model(vr[0], "reg")
-                print(f"step {step}: val acc {(oc.argmax(1) == vc[1]).float().mean():.3f} "
-                      f"val ce {F.cross_entropy(oc, vc[1]):.3f} val mse {F.mse_loss(orr, vr[1]):.2f}"
-                      f" (target var {vr[1].var():.1f})")
-    med = lambda v: sorted(v)[len(v) // 2]
+                    oc = model(vc[0], "cls")
+                    orr = model(vr[0], "reg")
+                print(
+                    f"step {step}: val acc {(oc.argmax(1) == vc[1]).float().mean():.3f} "
+                    f"val ce {F.cross_entropy(oc, vc[1]):.3f} val mse {F.mse_loss(orr, vr[1]):.2f}"
+                    f" (target var {vr[1].var():.1f})"
+                )
+
+    def med(v):
+        return sorted(v)[len(v) // 2]
+
     for s in range(0, STEPS, 50):
-        w = log[s:s + 50]
+        w = log[s : s + 50]
         for t in ("cls", "reg"):
             ww = [r for r in w if r[0] == t]
-            print(f"{s:3d}-{s+49} {t}: loss med {med([r[1] for r in ww]):.3f} "
-                  f"[{min(r[1] for r in ww):.3f}, {max(r[1] for r in ww):.3f}] gn med "
-                  f"{med([r[2] for r in ww]):.2f} max {max(r[2] for r in ww):.2f}")
-    print(f"time {time.time()-t0:.1f}s")
+            print(
+                f"{s:3d}-{s + 49} {t}: loss med {med([r[1] for r in ww]):.3f} "
+                f"[{min(r[1] for r in ww):.3f}, {max(r[1] for r in ww):.3f}] gn med "
+                f"{med([r[2] for r in ww]):.2f} max {max(r[2] for r in ww):.2f}"
+            )
+    print(f"time {time.time() - t0:.1f}s")
 
 
 if __name__ == "__main__":
