@@ -3,6 +3,8 @@ statistics skip is dated where it began, and a warm-up that settled is not read 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from tracealyze.analyzer.diagnosis import thresholds
@@ -271,3 +273,18 @@ def test_memory_kept_at_a_period_is_dated_from_its_first_step(period: int) -> No
     res = _heap(step, val)
     assert res is not None and res["first_step"] <= period
     assert res["growth"] >= 0.8 * (val[-1] - val[period - 1])
+
+
+def test_a_one_off_lift_is_no_leak_and_a_leak_after_it_still_is() -> None:
+    """The heap of a conv net under debug statistics (held-out aj_keyword, recorded): a
+    one-off +3.3 MiB arena lift at step 200 tilts the run's slope past the bar; what rises
+    from the onset on (367) is 65 KiB. A leak's own growth clears the bar: no leak. The same
+    counter with 8 KiB a step added from step 250 on is one, dated there."""
+    data = np.loadtxt(Path(__file__).parent.parent / "data" /
+                      "heap_conv1d_debug_one_off_lift.csv", delimiter=",", skiprows=2)
+    step, val = data[:, 0].astype(np.int64), data[:, 1]
+    kw = {"min_growth": TH.min_growth_heap_bytes, "min_frac": TH.min_growth_heap_frac,
+          "precise": True}
+    assert memory_leak._analyse(step, val, TH, **kw) is None
+    res = memory_leak._analyse(step, val + 8192.0 * np.clip(step - 250, 0, None), TH, **kw)
+    assert res is not None and abs(res["first_step"] - 250) <= 15, res

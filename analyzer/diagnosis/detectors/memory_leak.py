@@ -198,8 +198,12 @@ def _analyse(step: np.ndarray, val: np.ndarray, th: Thresholds,
             first, start = back, float(val[int(np.searchsorted(step, back))])
     else:  # "since step N ... from A to B": A is the level at N, not at the analysed start
         start = float(v[min(int(np.searchsorted(s, first)), len(v) - 1)])
-    # the growth quoted is the message's own "from start to end"
+    # the growth quoted is the message's own "from start to end"; it is the leak's, so it
+    # must clear the bar itself (a one-off lift earlier in the run, malloc's 3 MiB arena at
+    # one step, tilts the run's slope; what rises from the onset on is 60 KiB of noise)
     growth = max(float(y[-1]) - start, 0.0)
+    if growth < bar:
+        return None
     return {"slope": slope, "p": p, "growth": growth, "start": start, "end": float(y[-1]),
             "first_step": first, "last_step": int(s[-1]), "steps": len(s),
             "with_work": share_with_work(x, y, work) if work is not None else 0.0,
