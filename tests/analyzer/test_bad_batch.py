@@ -300,3 +300,35 @@ def test_an_explosion_underway_before_a_batch_keeps_its_onset(seed: int) -> None
     got = ge.find_explosion(np.arange(at + 20), x[:at + 20], False, TH.window, TH, 0,
                             batch=at)
     assert got is not None and abs(got["onset"] - start) <= 3, (start, got and got["onset"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_batch_whose_knocked_model_flails_is_still_one_batch(tmp_path, seed):
+    """A point cloud x1000 at step 170 (held-out aj_pointnet): the loss x1300, then the
+    knocked model flails, never back near its level, spiking again at 172, 175 and 181 (the
+    last x4000 of the old level, but x200 of the flailing around it), then settles at twice
+    its level. One batch threw the run and the flailing is its; before, the later spike read
+    as a second event of the same order and no batch was named."""
+    rng = np.random.default_rng(70 + seed)
+    loss = _falling(rng, 300, 0.05)
+    grad = 0.5 * np.exp(rng.normal(0, 0.3, 300))
+    knock = np.ones(300)
+    knock[170] = 1300.0
+    knock[171:183] = [13, 58, 19, 19, 245, 2.5, 6.4, 12, 31, 5.7, 4000, 64]
+    knock[183:] = 2.0
+    fs = _summary(tmp_path, loss * knock, grad * np.sqrt(knock))
+    (f,) = [x for x in fs if x["id"] == "loss_spike"]
+    assert f["evidence"]["batch"] is not None and f["first_step"] == 170, f["message"]
+    assert f["evidence"]["batch"]["until"] >= 181
+    assert "flailed" in f["message"]
+
+
+def test_a_loop_that_spikes_every_few_steps_stays_a_family_of_events() -> None:
+    """Between a loop's spikes the loss is back at its level: no knocked flailing joins
+    them into one event (_batch._knocked)."""
+    from tracealyze.analyzer.diagnosis.detectors import _batch
+
+    loss = np.full(100, 1.0)
+    idx = np.arange(20, 100, 4)
+    loss[idx] = 8.0
+    assert len(_batch.events(loss, np.ones(100), idx)) == len(idx)

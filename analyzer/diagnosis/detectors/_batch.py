@@ -25,13 +25,34 @@ EVENT_GAP = 2
 spikes on the next step or the one after as it settles, while a loop's spikes (every 4th
 step, every N) keep their own events and stay a family."""
 
+KNOCKED_REL = 0.5
+"""A loss more than this share of its level above the level before an event (loss_spike's own
+floor for a spike, min_rel_jump) has not settled: a model knocked by a batch spikes again as
+it flails, each spike smaller than the first relative to the level it left, but the loss
+never back near it in between (a point cloud ×1000 at step 230: spikes at 230, 232, 235, 241,
+the loss 2.4-50× its level between them). A loop's periodic spikes come back to the level
+between them and stay a family."""
+KNOCKED_GAP = 10
+"""... and the next spike comes within this many steps (two recover_steps windows): the
+flailing of one knock, not a later event on the level it settled at."""
+
+
+def _knocked(loss: np.ndarray, level: float, a: int, b: int) -> bool:
+    """Did the loss stay unsettled (above level by KNOCKED_REL of it) at every step between
+    spikes ``a`` and ``b``, ``b`` within KNOCKED_GAP steps of ``a``?"""
+    between = loss[a + 1:b]
+    return (b - a <= KNOCKED_GAP and len(between) > 0
+            and bool(np.all(between > level + KNOCKED_REL * abs(level))))
+
+
 def events(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray
            ) -> list[tuple[int, float, int, list[int]]]:
     """The spikes and throws ``idx`` (sorted) as events: (first index, largest excess over
     the level before the first, relative to it; the index where the loss came back to
     within 1/DOMINANT of the first jump above that level, or the series' end; members).
-    An event takes in every later spike or throw before it came back, or within EVENT_GAP
-    steps of the last (what a knocked model does next)."""
+    An event takes in every later spike or throw before it came back, within EVENT_GAP
+    steps of the last, or while the loss has not settled since the last (_knocked): what a
+    knocked model does next."""
     out: list[tuple[int, float, int, list[int]]] = []
     k = 0
     while k < len(idx):
@@ -43,10 +64,15 @@ def events(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray
         end = i0 + (int(back[0]) if len(back) else len(up))
         members = [i0]
         k += 1
-        while k < len(idx) and (int(idx[k]) <= end or int(idx[k]) - int(idx[k - 1]) <= EVENT_GAP):
+        while k < len(idx) and (int(idx[k]) <= end or int(idx[k]) - int(idx[k - 1]) <= EVENT_GAP
+                                or _knocked(loss, level, int(idx[k - 1]), int(idx[k]))):
             j = int(idx[k])
             size = max(size, (float(loss[j]) - level) / max(abs(level), 1e-12))
             members.append(j)
+            if j > end:  # (the event lasts until the loss is back after its last member)
+                back = np.flatnonzero(~(loss[j:] > level + (float(loss[i0]) - level)
+                                        / DOMINANT))
+                end = j + (int(back[0]) if len(back) else len(loss) - j)
             k += 1
         out.append((i0, size, end, members))
     return out

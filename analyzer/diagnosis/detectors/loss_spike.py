@@ -54,12 +54,14 @@ DOC = {
             "reported at info when nothing else remains. Events are spikes and throws (a "
             "one-step jump of DOMINANT x min_rel_jump above the level from a step still at "
             "it, whether or not it came back: the model knocked back, or into NaN), one "
-            "event while the loss has not fallen back; one DOMINANT (10x) beyond every other in "
-            "its excess relative to the level before it, or the only one, is a batch that "
-            "threw the run (evidence.batch; not within 10 steps after a learning-rate jump "
-            "or during a rising ramp): the finding is dated at it and is the cause of the "
-            "explosion, divergence, NaN or plateau that begins with it. A spike or throw "
-            "counts only when it did damage (the lower quartile of the next "
+            "event while the loss has not fallen back, or while a knocked model flails (the "
+            "loss above its level by half of it at every step between spikes at most 10 "
+            "steps apart: _batch.KNOCKED_REL, KNOCKED_GAP); one DOMINANT (10x) beyond "
+            "every other in its excess relative to the level before it, or the only one, "
+            "is a batch that threw the run (evidence.batch; not within 10 steps after a "
+            "learning-rate jump or during a rising ramp): the finding is dated at it and is the "
+            "cause of the explosion, divergence, NaN or plateau that begins with it. A spike or "
+            "throw counts only when it did damage (the lower quartile of the next "
             "2 × recover_steps losses stays four times what that floor wanders after any "
             "step above the level before it), or stands apart from the loss's own tail "
             "(between it and the largest step under the bar, the sorted sizes, relative to "
@@ -292,7 +294,7 @@ def detect(ctx: Context, th: Thresholds) -> list[Finding]:
     return [Finding(
         id=ID, severity=sev, subject="loss", first_step=int(step[first]),
         title=f"{len(idx)} loss spike{'s' if len(idx) > 1 else ''}",
-        message=(_batch_message(step, idx, batch) if batch is not None else
+        message=(_batch_message(step, idx, batch, loss) if batch is not None else
                  _message(step, loss, base, resid, sigma, first, worst, len(idx)))
         + (f" They come as {ramp['text']}." if ramp is not None
            else _changes.early_lr_note(ctx, int(step[first]))),
@@ -338,14 +340,25 @@ def _stages(r: int, stages: list[dict[str, Any]]) -> Finding:
         evidence={"rank": r, "stages": stages[:20], "count": n})
 
 
-def _batch_message(step: np.ndarray, idx: np.ndarray, batch: dict[str, Any]) -> str:
+def _batch_message(step: np.ndarray, idx: np.ndarray, batch: dict[str, Any],
+                   loss: np.ndarray | None = None) -> str:
     lvl = batch["level"]
     size = (f"from its level {lvl:.4g} to {batch['loss']:.4g} (×{batch['loss'] / lvl:.3g})"
             if lvl else f"to {batch['loss']:.4g}")
-    others = [int(s) for s in step[idx] if int(s) != batch["step"]]
-    return (f"One batch threw the loss {size} at step {batch['step']}"
-            + (f", {DOMINANT:g}× further than any other spike ({len(others)} smaller, the "
-               f"first at step {others[0]})." if others else "."))
+    rest = [i for i in idx if int(step[i]) != batch["step"]]
+    # spikes before the loss was back are the knocked model's (_batch.events), the rest
+    # the loss's own, each far smaller than the batch's jump
+    knocked = [i for i in rest if batch["step"] < int(step[i]) <= batch["until"]]
+    others = [int(step[i]) for i in rest if i not in knocked]
+    text = f"One batch threw the loss {size} at step {batch['step']}"
+    if knocked:
+        big = max(knocked, key=lambda i: float(loss[i])) if loss is not None else knocked[0]
+        text += (f"; the model flailed until step {batch['until']} ({len(knocked)} more "
+                 f"spike{'s' if len(knocked) > 1 else ''}" + (
+                     f", the largest {float(loss[big]):.4g} at step {int(step[big])}"
+                     if loss is not None else "") + ")")
+    return text + (f", {DOMINANT:g}× further than any other spike ({len(others)} smaller, "
+                   f"the first at step {others[0]})." if others else ".")
 
 
 def _message(step: np.ndarray, loss: np.ndarray, base: np.ndarray, resid: np.ndarray,
