@@ -175,6 +175,15 @@ def link(findings: Sequence[Finding]) -> list[Finding]:
                 parent[i] = j
                 break
 
+    # A plateau that a problem explains is the run stopping because of it, not convergence
+    # (a converging loss has no cause): at least a warning, whatever its own share of the
+    # run (the loss thrown to chance for the last 38% of a run by one batch). Only under a
+    # cause above info, so a clean run never gains a finding from it.
+    for i, j in parent.items():
+        if ranked[i].id == "loss_plateau" and ranked[i].severity == "info" \
+                and ranked[j].severity != "info":
+            ranked[i] = dataclasses.replace(ranked[i], severity="warning")
+
     def root(i: int) -> int:
         seen = {i}
         while i in parent and parent[i] not in seen:

@@ -332,3 +332,23 @@ def test_a_loop_that_spikes_every_few_steps_stays_a_family_of_events() -> None:
     idx = np.arange(20, 100, 4)
     loss[idx] = 8.0
     assert len(_batch.events(loss, np.ones(100), idx)) == len(idx)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_plateau_a_cause_explains_is_a_warning_and_a_converged_one_is_not(tmp_path, seed):
+    """A classifier that learned (2.3 -> 0.5) is thrown to chance (ln 10) by one batch at
+    step 190 of 300 and sits there: the plateau (37% of the run, under its own rule's 60%)
+    is the batch's consequence, so the run stopped learning because of it: a warning. The
+    same descent with no batch converges onto a plateau: info (causality.link)."""
+    rng = np.random.default_rng(300 + seed)
+    step = np.arange(300)
+    learned = 0.5 + 1.8 * np.exp(-step / 40) + rng.normal(0, 0.03, 300)
+    thrown = learned.copy()
+    thrown[190] = 400.0
+    thrown[191:] = np.log(10) + rng.normal(0, 0.03, 109)
+    grad = 0.5 * np.exp(rng.normal(0, 0.2, 300))
+    fs = _summary(tmp_path / "thrown", thrown, grad)
+    (p,) = [f for f in fs if f["id"] == "loss_plateau"]
+    assert p["severity"] == "warning" and p["caused_by"] == "loss_spike", p
+    fs = _summary(tmp_path / "converged", learned, grad)
+    assert all(f["severity"] == "info" for f in fs if f["id"] == "loss_plateau"), fs

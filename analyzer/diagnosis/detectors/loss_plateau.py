@@ -48,7 +48,10 @@ DOC = {
             "loop's periodic structure (loss_spike's pattern: a second task every N steps) "
             "are left out: the trend is the other steps'. A loss under a scheduled ramp "
             "(_weights.py: a term's weight phased in, a harder curriculum) is judged on the "
-            "steps after it settled, not at all while it still ramps at the end.",
+            "steps after it settled, not at all while it still ramps at the end. A plateau "
+            "that a finding above info explains (causality.py: a batch that threw the run, "
+            "dead units, an optimizer that does not hold the parameters) is a warning: the "
+            "run stopped learning because of it, it did not converge.",
     "fixes": "If it never decreased: check that the optimizer holds the model's parameters, "
              "that lr > 0 and gradients flow (requires_grad, detach), labels match inputs. If "
              "it stalled late: LR decay/schedule, a larger model, or stop early.",
