@@ -37,6 +37,13 @@ KNOCKED_GAP = 10
 flailing of one knock, not a later event on the level it settled at."""
 
 
+def _back(loss: np.ndarray, bar: float, i: int) -> int:
+    """The first index from ``i`` where the loss is at or below ``bar`` (not above it:
+    NaN counts as back), or the series' end."""
+    back = np.flatnonzero(~(loss[i:] > bar))
+    return i + (int(back[0]) if len(back) else len(loss) - i)
+
+
 def _knocked(loss: np.ndarray, level: float, a: int, b: int) -> bool:
     """Did the loss stay unsettled (above level by KNOCKED_REL of it) at every step between
     spikes ``a`` and ``b``, ``b`` within KNOCKED_GAP steps of ``a``?"""
@@ -59,9 +66,8 @@ def events(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray
         i0 = int(idx[k])
         level = float(prev[i0]) if i0 else float(loss[i0])
         size = (float(loss[i0]) - level) / max(abs(level), 1e-12)
-        up = loss[i0:] > level + (float(loss[i0]) - level) / DOMINANT
-        back = np.flatnonzero(~up)
-        end = i0 + (int(back[0]) if len(back) else len(up))
+        bar = level + (float(loss[i0]) - level) / DOMINANT
+        end = _back(loss, bar, i0)
         members = [i0]
         k += 1
         while k < len(idx) and (int(idx[k]) <= end or int(idx[k]) - int(idx[k - 1]) <= EVENT_GAP
@@ -70,9 +76,7 @@ def events(loss: np.ndarray, prev: np.ndarray, idx: np.ndarray
             size = max(size, (float(loss[j]) - level) / max(abs(level), 1e-12))
             members.append(j)
             if j > end:  # (the event lasts until the loss is back after its last member)
-                back = np.flatnonzero(~(loss[j:] > level + (float(loss[i0]) - level)
-                                        / DOMINANT))
-                end = j + (int(back[0]) if len(back) else len(loss) - j)
+                end = _back(loss, bar, j)
             k += 1
         out.append((i0, size, end, members))
     return out

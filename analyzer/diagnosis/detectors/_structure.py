@@ -45,8 +45,8 @@ def coverage(ctx: Context) -> dict[str, Any] | None:
         if last is None:
             return None
         step, d = last
-        out: dict[str, Any] = {s: _names(d.get(s)) for s in STATES}
         first = ctx.rows("SELECT min(step) FROM events WHERE kind = 'param_coverage'")
+        out: dict[str, Any] = {s: _names(d.get(s)) for s in STATES}
         for key in ("counts", "numel"):
             raw = d.get(key) if isinstance(d.get(key), dict) else {}
             for s in STATES:
@@ -79,18 +79,20 @@ def _onsets(ctx: Context, cov: dict[str, Any]) -> dict[str, int | None]:
     rows = ctx.rows("SELECT step, details FROM events WHERE kind = 'param_coverage' AND rank = "
                     "(SELECT min(rank) FROM events WHERE kind = 'param_coverage') "
                     "AND step IS NOT NULL ORDER BY step DESC, time DESC LIMIT ?", [MAX_EVENTS])
+    listed: list[tuple[int, dict[str, Any] | None]] = []  # newest first
+    for step, text in rows:
+        try:
+            d = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            d = None
+        listed.append((int(step), d if isinstance(d, dict) else None))
     out: dict[str, int | None] = {}
     for state in STATES:
-        final = set(cov[state])
-        onset = None
-        for step, text in rows:
-            try:
-                d = json.loads(text) if isinstance(text, str) else None
-            except ValueError:
+        final, onset = set(cov[state]), None
+        for step, d in listed:
+            if d is None or not final <= set(_names(d.get(state))):
                 break
-            if not isinstance(d, dict) or not final <= set(_names(d.get(state))):
-                break
-            onset = int(step)
+            onset = step
         out[state] = onset
     return out
 

@@ -56,9 +56,10 @@ def ramps(ctx: Context) -> list[dict[str, Any]]:
         for name in names:
             cols = ctx.arrays("SELECT step, value FROM metrics WHERE rank = ? AND name = ? "
                               "AND isfinite(value) ORDER BY step", [r, name])
-            ramp = _ramp(str(name), np.asarray(cols["step"], np.int64),
-                         np.asarray(cols["value"], np.float64))
-            if ramp is not None and not _is_lr(ctx, r, ramp):
+            step = np.asarray(cols["step"], np.int64)
+            value = np.asarray(cols["value"], np.float64)
+            ramp = _ramp(str(name), step, value)
+            if ramp is not None and not _is_lr(ctx, r, step, value):
                 out.append(ramp)
         return out
 
@@ -85,20 +86,15 @@ def _ramp(name: str, step: np.ndarray, v: np.ndarray) -> dict[str, Any] | None:
             "end": end if settled else None, "first": lo, "last": hi}
 
 
-def _is_lr(ctx: Context, r: int, ramp: dict[str, Any]) -> bool:
-    """Is the metric the learning rate (a fixed multiple of the recorded LR where both
-    were recorded, within 1%)?"""
+def _is_lr(ctx: Context, r: int, step: np.ndarray, v: np.ndarray) -> bool:
+    """Is the metric (``v`` at ``step``) the learning rate: a fixed multiple of the recorded
+    LR where both were recorded, within 1%?"""
     d = _data.steps(ctx).get(r)
     if d is None or not np.isfinite(d["lr"]).any():
         return False
-    cols = ctx.arrays("SELECT step, value FROM metrics WHERE rank = ? AND name = ? AND "
-                      "isfinite(value) ORDER BY step", [r, ramp["name"]])
-    step, v = np.asarray(cols["step"], np.int64), np.asarray(cols["value"], np.float64)
-    i = np.searchsorted(d["step"], step)
-    ok = (i < len(d["step"]))
-    ok[ok] &= d["step"][i[ok]] == step[ok]
-    lr = d["lr"][i[ok]]
-    v = v[ok]
+    i = np.minimum(np.searchsorted(d["step"], step), len(d["step"]) - 1)
+    same = d["step"][i] == step
+    lr, v = d["lr"][i[same]], v[same]
     good = np.isfinite(lr) & (lr > 0) & (v > 0)
     if good.sum() < RAMP_MIN_LEVELS:
         return False

@@ -133,9 +133,11 @@ def _trend_after(ctx: Context, r: int, since: int) -> str:
     """"fell from 0.78 to 0.67" over the steps from ``since`` (window medians)."""
     d = _data.steps(ctx)[r]
     y = d["loss"][(d["step"] >= since) & np.isfinite(d["loss"])]
+    if not len(y):
+        return "held"
     k = max(1, len(y) // 10)
     a, b = float(np.median(y[:k])), float(np.median(y[-k:]))
-    return f"{'fell' if b < a else 'held'} from {a:.4g} to {b:.4g}" if len(y) else "held"
+    return f"{'fell' if b < a else 'held'} from {a:.4g} to {b:.4g}"
 
 
 def _rescaled(r: int, sh: Any) -> Finding:

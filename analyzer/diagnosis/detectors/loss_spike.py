@@ -341,7 +341,7 @@ def _stages(r: int, stages: list[dict[str, Any]]) -> Finding:
 
 
 def _batch_message(step: np.ndarray, idx: np.ndarray, batch: dict[str, Any],
-                   loss: np.ndarray | None = None) -> str:
+                   loss: np.ndarray) -> str:
     lvl = batch["level"]
     size = (f"from its level {lvl:.4g} to {batch['loss']:.4g} (×{batch['loss'] / lvl:.3g})"
             if lvl else f"to {batch['loss']:.4g}")
@@ -352,11 +352,10 @@ def _batch_message(step: np.ndarray, idx: np.ndarray, batch: dict[str, Any],
     others = [int(step[i]) for i in rest if i not in knocked]
     text = f"One batch threw the loss {size} at step {batch['step']}"
     if knocked:
-        big = max(knocked, key=lambda i: float(loss[i])) if loss is not None else knocked[0]
+        big = max(knocked, key=lambda i: float(loss[i]))
         text += (f"; the model flailed until step {batch['until']} ({len(knocked)} more "
-                 f"spike{'s' if len(knocked) > 1 else ''}" + (
-                     f", the largest {float(loss[big]):.4g} at step {int(step[big])}"
-                     if loss is not None else "") + ")")
+                 f"spike{'s' if len(knocked) > 1 else ''}, the largest "
+                 f"{float(loss[big]):.4g} at step {int(step[big])})")
     return text + (f", {DOMINANT:g}× further than any other spike ({len(others)} smaller, "
                    f"the first at step {others[0]})." if others else ".")
 

@@ -144,19 +144,16 @@ def _episode(steps: np.ndarray, sat: np.ndarray, th: Thresholds, span: float
     stretch of consecutive statistics steps at ≥ min_sat_frac that began after one below
     it and spans ≥ episode_frac of the run (``span`` steps); None without one."""
     hot = sat >= float(th.min_sat_frac)
+    edges = np.diff(hot.astype(np.int8))
+    starts = np.flatnonzero(edges == 1) + 1  # (after a step below: never at index 0)
+    stops = np.r_[np.flatnonzero(edges == -1) + 1, len(hot)]
     best = None
-    i = 1
-    while i < len(hot):
-        if hot[i] and not hot[i - 1]:
-            j = i
-            while j < len(hot) and hot[j]:
-                j += 1
-            end = float(steps[j]) if j < len(hot) else float(steps[-1])
-            if j - i >= int(th.min_points) and end - float(steps[i]) >= \
-                    float(th.episode_frac) * span and (best is None or j - i > best[1] - best[0]):
-                best = (i, j)
-            i = j
-        i += 1
+    for i in starts:
+        j = int(stops[np.searchsorted(stops, i)])  # the first step below after it
+        end = float(steps[j]) if j < len(hot) else float(steps[-1])
+        if j - i >= int(th.min_points) and end - float(steps[i]) >= \
+                float(th.episode_frac) * span and (best is None or j - i > best[1] - best[0]):
+            best = (int(i), j)
     if best is None:
         return None
     i, j = best
