@@ -31,8 +31,16 @@ from . import _data
 from .base import Context
 
 RAMP_MIN_LEVELS = 10
+"""Distinct values a ramp takes at least: a schedule computed per step takes one per step of
+its ramp (hundreds); a switch takes 2, an epoch counter over a short run a handful."""
 RAMP_MAX_JUMP = 0.25
+"""The largest share of the total rise one step may add: a smooth ramp adds 1/steps of it
+per step (under 1% over 100 steps); a stepped schedule of 4 stages or fewer, which moves the
+objective at once like a switch (the rescale rule's business), adds a quarter or more."""
 RAMP_RISE = 2.0
+"""How far a ramp must rise (or from 0): a weight that doubles changes what the loss sums
+as much as a rescale by 2 (stats/shift's smallest, ×1.5, with margin); BYOL's τ 0.996 -> 1
+moves nothing the loss reports."""
 SETTLED_MIN = 20
 """Steps at the final weight needed to judge the loss there (loss_divergence's min_steps)."""
 
